@@ -1,0 +1,144 @@
+"""Draft-length policies: how many tokens to draft before calling the target.
+
+A policy drives a drafter through one callable, ``propose(n) -> block`` (a block has ``len`` and
+a ``hidden`` [n, D] tensor), and returns the blocks it kept. It knows no models:
+
+- ``FixedPolicy``: the standard window, always gamma tokens.
+- ``HeuristicPolicy``: HF transformers' ``heuristic`` schedule: +2 after a round that accepted
+  every drafted token, -1 (not below 1) otherwise.
+- ``PacerPolicy``: PACER (arXiv 2602.01274). Draft in blocks of b; after block k the
+  pre-verifier scores every drafted token; stop when block k's mean score is below t_k, else go
+  on with t_{k+1} = min(1, t_k * rho). The failing block is still sent to the target: it is
+  drafted already, and verifying it costs little. A block drafter's one-pass block is cut at
+  sub-block granularity the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+Propose = Callable[[int], Any]  # n -> a draft block with len() and .hidden [n, D]
+Scorer = Callable[[torch.Tensor], torch.Tensor]  # hidden [n, D] -> acceptance probs [n]
+
+
+class DraftPolicy(Protocol):
+    def new_state(self) -> Any: ...
+
+    def draft(self, propose: Propose, limit: int, state: Any) -> list: ...
+
+    def update(self, state: Any, drafted: int, accepted: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class FixedPolicy:
+    gamma: int = 4
+
+    def __post_init__(self):
+        if self.gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+
+    def new_state(self):
+        return None
+
+    def draft(self, propose: Propose, limit: int, state) -> list:
+        n = min(self.gamma, limit)
+        return [propose(n)] if n > 0 else []
+
+    def update(self, state, drafted: int, accepted: int) -> None:
+        pass
+
+
+@dataclass
+class HeuristicState:
+    length: int
+
+
+@dataclass(frozen=True)
+class HeuristicPolicy:
+    initial: int = 5
+    max_len: int = 32
+
+    def __post_init__(self):
+        if not 1 <= self.initial <= self.max_len:
+            raise ValueError(f"need 1 <= initial <= max_len, got {self.initial}, {self.max_len}")
+
+    def new_state(self) -> HeuristicState:
+        return HeuristicState(self.initial)
+
+    def draft(self, propose: Propose, limit: int, state: HeuristicState) -> list:
+        n = min(state.length, limit)
+        return [propose(n)] if n > 0 else []
+
+    def update(self, state: HeuristicState, drafted: int, accepted: int) -> None:
+        grown = state.length + 2 if accepted == drafted else state.length - 1
+        state.length = max(1, min(self.max_len, grown))
+
+
+@dataclass
+class PacerTrace:
+    """What PACER saw in the last round: the mean score of each block and its threshold."""
+
+    block_means: list[float] = field(default_factory=list)
+    thresholds: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PacerPolicy:
+    scorer: Scorer
+    block_size: int = 4  # b
+    threshold: float = 0.5  # t_1
+    growth: float = 1.1  # rho
+    max_len: int = 32
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError(f"PACER block size b must be >= 1, got {self.block_size}")
+        if not 0 <= self.threshold <= 1:
+            raise ValueError(f"PACER threshold t must be in [0, 1], got {self.threshold}")
+        if self.growth < 1:
+            raise ValueError(f"PACER growth rho must be >= 1, got {self.growth}")
+        if self.max_len < 1:
+            raise ValueError(f"max draft length must be >= 1, got {self.max_len}")
+
+    def new_state(self) -> PacerTrace:
+        return PacerTrace()
+
+    def draft(self, propose: Propose, limit: int, state: PacerTrace) -> list:
+        state.block_means.clear()
+        state.thresholds.clear()
+        blocks, drafted, t = [], 0, self.threshold
+        limit = min(limit, self.max_len)
+        while drafted < limit:
+            block = propose(min(self.block_size, limit - drafted))
+            if len(block) == 0:
+                break
+            blocks.append(block)
+            drafted += len(block)
+            # the pre-verifier is causal, so scoring the whole draft gives each token its context
+            scores = self.scorer(torch.cat([b.hidden for b in blocks]))[-len(block):]
+            mean = float(scores.mean())
+            state.block_means.append(mean)
+            state.thresholds.append(t)
+            if mean < t:
+                break
+            t = min(1.0, t * self.growth)
+        return blocks
+
+    def update(self, state, drafted: int, accepted: int) -> None:
+        pass
+
+
+POLICIES = {"fixed": FixedPolicy, "heuristic": HeuristicPolicy, "pacer": PacerPolicy}
+
+
+def make_policy(name: str, **params) -> DraftPolicy:
+    """Build a policy by name; PACER needs ``scorer=``. Unknown names and bad values raise."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown draft policy {name!r}; choose one of {sorted(POLICIES)}")
+    if name == "pacer" and params.get("scorer") is None:
+        raise ValueError("the pacer policy needs a pre-verifier (scorer)")
+    return POLICIES[name](**params)

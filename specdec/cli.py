@@ -1,0 +1,143 @@
+"""The ``specdec`` command line: generate text with speculative decoding, prepare models.
+
+    specdec generate --target smollm2-135m --drafter ngram --prompt "def fib(n):"
+    specdec models tiny OUT
+    specdec models prepare smollm2-135m
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdec.algorithms.policies import POLICIES
+from specdec.algorithms.verify import verifier_names
+from specdec.models.sources import DTYPES
+
+
+def add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="generate one completion in the single-process engine")
+    g.add_argument("--target", required=True, help="named source, model directory or HF id")
+    g.add_argument("--drafter", default="none",
+                   help="none | ngram | self | block-drafter checkpoint | AR draft LM path or id")
+    g.add_argument("--preverifier", default=None, help="pre-verifier checkpoint (PACER)")
+    g.add_argument("--policy", default="fixed", choices=sorted(POLICIES))
+    g.add_argument("--gamma", type=int, default=4, help="fixed draft length")
+    g.add_argument("--block-size", type=int, default=4, help="PACER block size b")
+    g.add_argument("--threshold", type=float, default=0.5, help="PACER threshold t")
+    g.add_argument("--growth", type=float, default=1.1, help="PACER threshold growth rho")
+    g.add_argument("--max-draft", type=int, default=16, help="longest draft per round")
+    g.add_argument("--verify", default=None, choices=verifier_names(),
+                   help="default: strict at temperature 0, sample above")
+    g.add_argument("--asd-budget", type=float, default=0.0, help="ASD regret budget B")
+    g.add_argument("--asd-gate", type=float, default=0.25, help="ASD gate g")
+    g.add_argument("--asd-max-exceptions", type=int, default=2, help="ASD exceptions per round M")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"}')
+    g.set_defaults(func=run_generate)
+
+
+def add_models(sub) -> None:
+    m = sub.add_parser("models", help="build or prepare models").add_subparsers(dest="models_cmd",
+                                                                               required=True)
+    tiny = m.add_parser("tiny", help="write a tiny random target, AR drafter and block drafter")
+    tiny.add_argument("out", type=Path)
+    tiny.add_argument("--arch", default="llama", choices=["llama", "qwen3"])
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=run_tiny)
+    prep = m.add_parser("prepare", help="convert a named source to a safetensors cache")
+    prep.add_argument("name")
+    prep.set_defaults(func=run_prepare)
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    if not text.strip():
+        raise ValueError("the prompt is empty")
+    if chat:
+        if tokenizer.chat_template is None:
+            raise ValueError("--chat: the target's tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer(text)["input_ids"]
+
+
+def run_generate(args) -> int:
+    from specdec.engine.engine import Engine
+    from specdec.engine.loading import load_pair
+    from specdec.engine.settings import GenerationParams, SpecSettings
+
+    spec = SpecSettings(policy=args.policy, gamma=args.gamma, block_size=args.block_size,
+                        threshold=args.threshold, growth=args.growth, max_draft=args.max_draft,
+                        verify=args.verify, asd_budget=args.asd_budget, asd_gate=args.asd_gate,
+                        asd_max_exceptions=args.asd_max_exceptions)
+    params = GenerationParams(args.max_new_tokens, args.temperature, args.seed, spec)
+    text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+    if args.policy == "pacer" and args.preverifier is None:
+        raise ValueError("--policy pacer needs --preverifier (a trained pre-verifier checkpoint)")
+    pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype)
+    prompt_ids = encode_prompt(pair.target.tokenizer, text, args.chat)
+    stream = Engine(pair.target, pair.drafter, pair.preverifier).stream(prompt_ids, params)
+    decode = pair.target.tokenizer.decode
+    if args.json:
+        out = stream.result()
+        print(json.dumps({"text": decode(out.token_ids, skip_special_tokens=True),
+                          "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                          "stats": out.stats.to_dict()}))
+        return 0
+    shown = ""
+    for _ in stream:  # print text as it is committed, round by round
+        text_so_far = decode(stream.token_ids, skip_special_tokens=True)
+        print(text_so_far[len(shown):], end="", flush=True)
+        shown = text_so_far
+    s = stream.stats
+    print(f"\n\n[{s.committed} tokens, {s.rounds} rounds, mean accepted length "
+          f"{s.mean_accepted_length:.2f}, {s.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def run_tiny(args) -> int:
+    from specdec.models.tiny import make_tiny_models
+
+    for name, path in make_tiny_models(args.out, args.arch, args.seed).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def run_prepare(args) -> int:
+    from specdec.models.sources import NAMED_SOURCES, prepare
+
+    if args.name not in NAMED_SOURCES:
+        raise ValueError(f"unknown named source {args.name!r}; known: {sorted(NAMED_SOURCES)}")
+    print(prepare(args.name))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_generate(sub)
+    add_models(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The single-process engine: prefill, then rounds of draft -> pre-verify -> verify -> commit.
+
+This is the reference path: the served path runs the same round through the same workers, as
+Ray actors, and must produce the same tokens. Plain autoregressive decoding (no drafter) runs
+through the same loop with empty drafts, so it is the baseline that every speedup is measured
+against. The engine knows nothing about tokenisation or HTTP.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from specdec.engine.settings import GenerationParams
+from specdec.engine.stats import RequestStats
+from specdec.engine.workers import Draft, DraftWorker, TargetWorker
+from specdec.models.drafter import Drafter
+from specdec.models.target import TargetModel
+
+
+@dataclass(frozen=True)
+class Output:
+    token_ids: list[int]  # generated tokens, the prompt excluded
+    finish_reason: str  # "stop" (EOS) or "length"
+    stats: RequestStats
+
+
+def check_prompt(prompt_ids: list[int], target: TargetModel) -> None:
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if len(prompt_ids) >= target.max_length:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the model's context is "
+                         f"{target.max_length}")
+    bad = [t for t in prompt_ids if not 0 <= t < target.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary of {target.vocab_size}")
+
+
+def check_pair(target: TargetModel, drafter: Drafter | None) -> None:
+    if drafter is not None and drafter.vocab_size != target.vocab_size:
+        raise ValueError(f"the drafter's vocabulary ({drafter.vocab_size}) does not match the "
+                         f"target's ({target.vocab_size})")
+
+
+def truncate(tokens: list[int], budget: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
+    """Cut a round's committed tokens at the first EOS or at the token budget."""
+    for i, token in enumerate(tokens[:budget]):
+        if token in eos:
+            return tokens[: i + 1], "stop"
+    if len(tokens) >= budget:
+        return tokens[:budget], "length"
+    return tokens, None
+
+
+class Generation:
+    """A streaming request: iterate for lists of newly committed tokens; then read the results."""
+
+    def __init__(self, engine: Engine, rid: str, prompt_ids: list[int], params: GenerationParams):
+        self.engine, self.rid, self.params = engine, rid, params
+        self.prompt_ids = list(prompt_ids)
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.stats = RequestStats()
+        self._rounds = self._run()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._rounds
+
+    def _run(self) -> Iterator[list[int]]:
+        engine, rid = self.engine, self.rid
+        t0 = time.perf_counter()
+        try:
+            engine.open(rid, self.prompt_ids, self.params, self.stats)
+            while self.finish_reason is None:
+                new = engine.round(rid, self)
+                self.stats.total_s = time.perf_counter() - t0
+                if new:
+                    yield new
+        finally:
+            engine.close(rid)
+            self.stats.total_s = time.perf_counter() - t0
+
+    def result(self) -> Output:
+        for _ in self:
+            pass
+        return Output(self.token_ids, self.finish_reason or "length", self.stats)
+
+
+class Engine:
+    """One process, one target, at most one drafter (None = plain autoregressive decoding)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, target: TargetModel, drafter: Drafter | None = None, preverifier=None):
+        check_pair(target, drafter)
+        self.target = TargetWorker(target, features=bool(drafter and drafter.needs_target_features))
+        self.drafter = DraftWorker(drafter, preverifier) if drafter is not None else None
+        self.eos = target.eos_token_ids
+
+    def stream(self, prompt_ids: list[int], params: GenerationParams | None = None) -> Generation:
+        params = params or GenerationParams()
+        check_prompt(prompt_ids, self.target.target)
+        return Generation(self, f"local-{next(self._ids)}", prompt_ids, params)
+
+    def generate(self, prompt_ids: list[int], params: GenerationParams | None = None) -> Output:
+        return self.stream(prompt_ids, params).result()
+
+    # ---- one request's lifecycle ------------------------------------------------------------
+    def open(self, rid: str, prompt_ids: list[int], params: GenerationParams, stats: RequestStats):
+        t0 = time.perf_counter()
+        features = self.target.open(rid, prompt_ids, params)
+        stats.target_s += time.perf_counter() - t0
+        stats.target_passes += int(len(prompt_ids) > 1)
+        if self.drafter is not None:
+            t0 = time.perf_counter()
+            self.drafter.open(rid, prompt_ids, features, params)
+            stats.drafter_s += time.perf_counter() - t0
+
+    def round(self, rid: str, gen: Generation) -> list[int]:
+        """Draft, verify, commit; return the tokens this round added to the output."""
+        budget = gen.params.max_new_tokens - len(gen.token_ids)
+        room = self.target.room(rid)
+        limit = min(budget - 1, room)  # the bonus token always comes on top of the draft
+        draft = self._draft(rid, limit, gen.stats)
+        result = self.target.verify(rid, draft)
+        gen.stats.target_s += result.target_s
+        gen.stats.record_round(len(draft.tokens), result.accepted, result.regret, result.exceptions)
+        new, reason = truncate(result.tokens, budget, self.eos)
+        if reason is None and room - result.accepted < 1:
+            reason = "length"  # the context is full
+        if reason is None and self.drafter is not None:
+            t0 = time.perf_counter()
+            self.drafter.commit(rid, result, len(draft.tokens))
+            gen.stats.drafter_s += time.perf_counter() - t0
+        gen.token_ids.extend(new)
+        gen.stats.committed += len(new)
+        gen.finish_reason = reason
+        return new
+
+    def _draft(self, rid: str, limit: int, stats: RequestStats) -> Draft:
+        if self.drafter is None or limit < 1:
+            return Draft([], None)
+        draft = self.drafter.draft(rid, limit)
+        stats.drafter_s += draft.drafter_s
+        stats.preverifier_s += draft.preverifier_s
+        return draft
+
+    def close(self, rid: str) -> None:
+        self.target.close(rid)
+        if self.drafter is not None:
+            self.drafter.close(rid)

@@ -1,0 +1,179 @@
+"""The two sides of a speculative round, each holding its requests' state by request id.
+
+``TargetWorker`` owns the target model, every request's KV cache and ASD ledger, and runs
+verification next to the logits. ``DraftWorker`` owns the drafter, the PACER pre-verifier and
+every request's drafter state. Only token ids, a few stats and a few feature rows cross between
+them, never full logits, so in serving each is a Ray actor (``actors/`` wraps these classes)
+and in the single-process engine they are local objects running the same code.
+
+Cache invariant: a request's verified sequence is S; the target caches S[:-1] and the last token
+is *pending*. A round feeds [pending, x_0..x_{K-1}] in one pass (K + 1 logits rows), then crops the
+cache back to the new S[:-1].
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.algorithms.policies import DraftPolicy, make_policy
+from specdec.algorithms.sampling import Sampling
+from specdec.algorithms.verify import Verifier, make_verifier
+from specdec.engine.settings import GenerationParams
+from specdec.models.drafter import DraftBlock, Drafter
+from specdec.models.target import TargetModel, TargetState
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What the drafter side sends to the target side for one round."""
+
+    tokens: list[int]  # x_0..x_{K-1}
+    probs: torch.Tensor | None  # [K, V] proposal distribution, only when sampling
+    drafter_s: float = 0.0
+    preverifier_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What the target side sends back: the committed tokens and the features behind them."""
+
+    tokens: list[int]  # accepted drafts + the bonus token
+    accepted: int
+    regret: float
+    exceptions: int
+    features: torch.Tensor | None  # [accepted + 1, F] taps of the newly verified positions
+    target_s: float = 0.0
+
+
+@dataclass
+class TargetRequest:
+    state: TargetState
+    verifier: Verifier
+    generator: torch.Generator
+    pending: int  # last verified token, not yet in the cache
+    spent: float = 0.0  # ASD ledger: regret spent so far
+
+
+def generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
+    """Independent random streams for the drafter and target sides, from one request seed."""
+    return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+
+
+class TargetWorker:
+    def __init__(self, target: TargetModel, features: bool):
+        self.target = target
+        self.features = features  # whether the drafter needs tapped features
+        self.requests: dict[str, TargetRequest] = {}
+
+    def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> torch.Tensor | None:
+        """Prefill all prompt tokens but the last; return their features for the drafter."""
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r} is already open")
+        spec = params.spec
+        verifier = make_verifier(spec.verifier_name(params.temperature),
+                                 **spec.verifier_params(params.temperature))
+        state = self.target.new_state()
+        features = None
+        if len(prompt_ids) > 1:
+            out = self.target.forward(state, prompt_ids[:-1], taps=self.features)
+            features = out.taps
+        elif self.features:
+            features = torch.zeros(0, len(self.target.tap_layers) * self.target.hidden_size)
+        _, target_gen = generators(params.seed)
+        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=prompt_ids[-1])
+        return features
+
+    def verify(self, rid: str, draft: Draft) -> RoundResult:
+        t0 = time.perf_counter()
+        req = self.requests[rid]
+        start = req.state.length
+        out = self.target.forward(req.state, [req.pending, *draft.tokens], taps=self.features)
+        verdict = req.verifier.verify(
+            out.logits, torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
+            draft_probs=draft.probs, generator=req.generator,
+        )
+        req.spent += verdict.regret
+        self.target.crop(req.state, start + 1 + verdict.accepted)
+        req.pending = verdict.tokens[-1]
+        features = None if out.taps is None else out.taps[: verdict.accepted + 1]
+        return RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
+                           features, time.perf_counter() - t0)
+
+    def room(self, rid: str) -> int:
+        """Draft tokens the context still has room for in the next round."""
+        return self.target.max_length - self.requests[rid].state.length - 1
+
+    def close(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+
+
+@dataclass
+class DraftRequest:
+    state: Any
+    policy: DraftPolicy
+    policy_state: Any
+    sampling: Sampling
+    timers: dict = field(default_factory=lambda: {"preverifier": 0.0})
+
+
+class DraftWorker:
+    def __init__(self, drafter: Drafter, preverifier: torch.nn.Module | None = None):
+        self.drafter = drafter
+        self.preverifier = preverifier
+        self.requests: dict[str, DraftRequest] = {}
+
+    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r} is already open")
+        spec = params.spec
+        extra = {}
+        timers = {"preverifier": 0.0}
+        if spec.policy == "pacer":
+            extra["scorer"] = self._timed_scorer(timers)
+        policy = make_policy(spec.policy, **spec.policy_params(), **extra)
+        draft_gen, _ = generators(params.seed)
+        self.requests[rid] = DraftRequest(
+            self.drafter.start(prompt_ids, features), policy, policy.new_state(),
+            Sampling(params.temperature, draft_gen), timers,
+        )
+
+    def _timed_scorer(self, timers: dict):
+        if self.preverifier is None:
+            return None  # make_policy then says that PACER needs a pre-verifier
+
+        def score(hidden: torch.Tensor) -> torch.Tensor:
+            t0 = time.perf_counter()
+            probs = self.preverifier.score(hidden)
+            timers["preverifier"] += time.perf_counter() - t0
+            return probs
+
+        return score
+
+    def draft(self, rid: str, limit: int) -> Draft:
+        req = self.requests[rid]
+        if self.drafter.max_draft_len is not None:
+            limit = min(limit, self.drafter.max_draft_len)
+        if self.preverifier is not None:  # it cannot score positions it has no embedding for
+            limit = min(limit, self.preverifier.c.max_positions)
+        t0, req.timers["preverifier"] = time.perf_counter(), 0.0
+
+        def propose(n: int) -> DraftBlock:
+            return self.drafter.propose(req.state, n, req.sampling)
+
+        blocks = [b for b in req.policy.draft(propose, max(0, limit), req.policy_state) if len(b)]
+        tokens = [int(t) for b in blocks for t in b.tokens]
+        probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
+        elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
+        return Draft(tokens, probs, drafter_s=elapsed - pre, preverifier_s=pre)
+
+    def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
+        req = self.requests[rid]
+        self.drafter.commit(req.state, result.tokens, result.features)
+        req.policy.update(req.policy_state, drafted, result.accepted)
+
+    def close(self, rid: str) -> None:
+        self.requests.pop(rid, None)

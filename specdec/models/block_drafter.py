@@ -1,0 +1,283 @@
+"""A DFlash-style parallel block drafter (arXiv 2602.06036; layout confirmed from z-lab/dflash).
+
+One forward pass drafts a whole block. Context: the outputs of n tapped target layers for every
+verified position, ``fc: Linear(n*F -> H)`` then RMSNorm. Each draft layer is a Qwen3-style
+decoder layer (q/k RMSNorm, RoPE at absolute positions) whose queries come from the block and
+whose keys/values are the same k/v projections applied to [context features ; block states].
+Attention is non-causal: full over the context, bidirectional inside the block. The block input
+is [embedding of the last verified token (the anchor), MASK x (B-1)]; the frozen target lm_head
+turns the outputs at positions 1..B-1 into B-1 draft tokens. Output j predicts the token at
+position anchor + j; output 0 (the anchor) is never used.
+
+The target's embedding and lm_head are borrowed, frozen, and never saved with the drafter; an
+optional reduced draft vocabulary (top-N target tokens, as EAGLE-3 does) cuts the lm_head cost.
+Per request, the drafter caches the context keys/values of every verified position; a round's
+draft never enters that cache, so nothing needs cropping after a round.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from specdec.algorithms.sampling import Sampling, choose
+from specdec.models.drafter import DraftBlock
+from specdec.models.target import TargetModel, evenly_spaced_taps
+
+CONFIG_FILE = "block_drafter.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class BlockDrafterConfig:
+    hidden_size: int  # H, equal to the target's (the lm_head and embedding are the target's)
+    feature_size: int  # F, the target's hidden size (each tap is F wide)
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int  # B: one pass drafts B - 1 tokens
+    tap_layers: tuple[int, ...]
+    vocab_size: int  # the target's
+    draft_vocab_size: int | None = None  # reduced vocabulary size, None = full
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+
+    def __post_init__(self):
+        object.__setattr__(self, "tap_layers", tuple(self.tap_layers))
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + drafts), got {self.block_size}")
+
+    @classmethod
+    def for_target(cls, target: TargetModel, block_size=8, num_layers=1, num_taps=3, **kw):
+        cfg = target.model.config
+        heads = cfg.num_attention_heads
+        return cls(
+            hidden_size=target.hidden_size, feature_size=target.hidden_size,
+            intermediate_size=cfg.intermediate_size, num_layers=num_layers, num_heads=heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", heads),
+            head_dim=getattr(cfg, "head_dim", None) or target.hidden_size // heads,
+            block_size=block_size, tap_layers=evenly_spaced_taps(target.num_layers, num_taps),
+            vocab_size=target.vocab_size, **kw,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """x: [..., T, heads, d], pos: [..., T] absolute positions; rotate-half convention."""
+    d = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = pos[..., None].double() * inv_freq  # [..., T, d/2]
+    cos = torch.cat([angles.cos()] * 2, -1)[..., None, :].to(x.dtype)  # [..., T, 1, d]
+    sin = torch.cat([angles.sin()] * 2, -1)[..., None, :].to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, c: BlockDrafterConfig):
+        super().__init__()
+        self.c = c
+        h, d = c.hidden_size, c.head_dim
+        self.q_proj = nn.Linear(h, c.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, c.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, c.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * d, h, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(d, c.rms_eps), RMSNorm(d, c.rms_eps)
+        self.input_norm, self.post_norm = RMSNorm(h, c.rms_eps), RMSNorm(h, c.rms_eps)
+        self.gate = nn.Linear(h, c.intermediate_size, bias=False)
+        self.up = nn.Linear(h, c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, h, bias=False)
+
+    def keys_values(self, x: torch.Tensor, pos: torch.Tensor):
+        """x: [..., T, H] -> k, v: [..., T, kv_heads, d] (k normalised and rotated)."""
+        shape = (*x.shape[:-1], self.c.num_kv_heads, self.c.head_dim)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), pos, self.c.rope_theta)
+        return k, self.v_proj(x).view(shape)
+
+    def forward(self, h, pos, ctx_k, ctx_v, ctx_mask=None):
+        """h: [N, B, H], pos: [N, B]; ctx_k/v: [N or 1, T, kv_heads, d]; ctx_mask: [N, T] bool."""
+        n, b, _ = h.shape
+        x = self.input_norm(h)
+        q = self.q_norm(self.q_proj(x).view(n, b, self.c.num_heads, self.c.head_dim))
+        q = apply_rope(q, pos, self.c.rope_theta)
+        k_blk, v_blk = self.keys_values(x, pos)
+        k = torch.cat([ctx_k.expand(n, -1, -1, -1), k_blk], dim=1)  # [N, T + B, kvh, d]
+        v = torch.cat([ctx_v.expand(n, -1, -1, -1), v_blk], dim=1)
+        mask = None
+        if ctx_mask is not None:  # context rows a block may see; the block sees all of itself
+            full = torch.ones(n, b, dtype=torch.bool, device=h.device)
+            mask = torch.cat([ctx_mask, full], dim=1)[:, None, None, :]  # [N, 1, 1, T + B]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+            enable_gqa=self.c.num_heads != self.c.num_kv_heads,
+        )  # [N, heads, B, d]
+        h = h + self.o_proj(out.transpose(1, 2).reshape(n, b, -1))
+        x = self.post_norm(h)
+        return h + self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class BlockDrafterModel(nn.Module):
+    """The trainable part: fc + norm over taps, draft layers, final norm, MASK embedding."""
+
+    def __init__(self, c: BlockDrafterConfig):
+        super().__init__()
+        self.c = c
+        self.fc = nn.Linear(len(c.tap_layers) * c.feature_size, c.hidden_size, bias=False)
+        self.ctx_norm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.layers = nn.ModuleList(DraftLayer(c) for _ in range(c.num_layers))
+        self.final_norm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size))
+        vocab = c.draft_vocab_size or c.vocab_size
+        self.register_buffer("draft_to_target", torch.arange(vocab, dtype=torch.long))
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """features: [..., T, n_taps * F] -> context features [..., T, H]."""
+        return self.ctx_norm(self.fc(features))
+
+    def forward(self, block_embeds, block_pos, ctx_kv, ctx_mask=None):
+        """block_embeds: [N, B, H] ([anchor, MASK...] embeddings), block_pos: [N, B];
+        ctx_kv: per layer (k, v) of the context, [N or 1, T, kvh, d] -> hidden [N, B, H]."""
+        h = block_embeds
+        for layer, (k, v) in zip(self.layers, ctx_kv, strict=True):
+            h = layer(h, block_pos, k, v, ctx_mask)
+        return self.final_norm(h)
+
+    def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor):
+        """ctx: [..., T, H], pos: [..., T] -> per layer (k, v): [..., T, kvh, d]."""
+        return [layer.keys_values(ctx, pos) for layer in self.layers]
+
+
+@dataclass
+class BlockDraftState:
+    committed: list[int]
+    ctx_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, T, kvh, d]; T = len(committed) - 1
+    block: DraftBlock | None = None  # this round's full block, handed out piece by piece
+    handed: int = 0
+
+
+class BlockDrafter:
+    """The Drafter-protocol wrapper: per-request context cache, one pass per round."""
+
+    needs_target_features = True
+
+    def __init__(self, net: BlockDrafterModel, embedding: torch.Tensor, lm_head: torch.Tensor,
+                 target_ref: str | None = None):
+        c = net.c
+        if embedding.shape[0] != c.vocab_size or lm_head.shape[0] != c.vocab_size:
+            raise ValueError(f"block drafter expects a target vocabulary of {c.vocab_size}, "
+                             f"got {embedding.shape[0]}")
+        self.net, self.config, self.target_ref = net.eval(), c, target_ref
+        self.embedding = embedding.detach()
+        self.head = lm_head.detach()[net.draft_to_target]  # [V_draft, H]
+        self.hidden_size, self.vocab_size = c.hidden_size, c.vocab_size
+        self.max_draft_len = c.block_size - 1
+
+    # ---- construction and persistence -------------------------------------------------------
+    @classmethod
+    def initialise(cls, config: BlockDrafterConfig, target: TargetModel, target_ref=None):
+        net = BlockDrafterModel(config).to(target.dtype)
+        for p in net.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+        norm = target.final_norm()
+        if norm is not None and norm.weight.shape[0] == config.hidden_size:
+            net.final_norm.weight.data.copy_(norm.weight.data)
+        return cls(net, target.embedding_weight(), target.lm_head_weight(), target_ref)
+
+    def save(self, out: str | Path) -> Path:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"config": asdict(self.config), "target": self.target_ref}
+        (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        state = {k: v.contiguous() for k, v in self.net.state_dict().items()}
+        save_file(state, out / WEIGHTS_FILE)
+        return out
+
+    @staticmethod
+    def read_config(path: str | Path) -> tuple[BlockDrafterConfig, str | None]:
+        meta = json.loads((Path(path) / CONFIG_FILE).read_text())
+        return BlockDrafterConfig(**meta["config"]), meta.get("target")
+
+    @classmethod
+    def load(cls, path: str | Path, target: TargetModel) -> BlockDrafter:
+        config, target_ref = cls.read_config(path)
+        state = load_file(Path(path) / WEIGHTS_FILE)
+        vocab = state["draft_to_target"].shape[0]
+        net = BlockDrafterModel(config)
+        if vocab != net.draft_to_target.shape[0]:
+            net.draft_to_target = torch.zeros(vocab, dtype=torch.long)
+        net.load_state_dict(state)
+        net.to(target.dtype)
+        return cls(net, target.embedding_weight(), target.lm_head_weight(), target_ref)
+
+    @staticmethod
+    def is_checkpoint(path: str | Path) -> bool:
+        return (Path(path) / CONFIG_FILE).is_file()
+
+    # ---- the Drafter protocol ---------------------------------------------------------------
+    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> BlockDraftState:
+        empty = torch.zeros(1, 0, len(self.config.tap_layers) * self.config.feature_size)
+        state = BlockDraftState(committed=[], ctx_kv=self._kv(empty, 0))
+        self.commit(state, list(prompt_ids), features)
+        return state
+
+    @torch.inference_mode()
+    def propose(self, state: BlockDraftState, n: int, sampling: Sampling) -> DraftBlock:
+        if state.block is None:
+            state.block = self._draft_block(state, sampling)
+        lo, hi = state.handed, min(state.handed + n, len(state.block))
+        state.handed = hi
+        b = state.block
+        return DraftBlock(b.tokens[lo:hi], b.hidden[lo:hi], None if b.probs is None else b.probs[lo:hi])
+
+    @torch.inference_mode()
+    def commit(self, state: BlockDraftState, tokens: list[int], features: torch.Tensor | None):
+        state.committed.extend(tokens)
+        state.block, state.handed = None, 0
+        start = state.ctx_kv[0][0].shape[1]
+        if features is None or features.shape[0] != len(state.committed) - 1 - start:
+            got = None if features is None else features.shape[0]
+            raise ValueError(f"block drafter needs target features for {len(state.committed) - 1 - start} "
+                             f"new positions, got {got}")
+        if features.shape[0]:
+            new = self._kv(features[None].to(self.embedding.dtype), start)
+            state.ctx_kv = [(torch.cat([k0, k], 1), torch.cat([v0, v], 1))
+                            for (k0, v0), (k, v) in zip(state.ctx_kv, new, strict=True)]
+
+    # ---- internals --------------------------------------------------------------------------
+    def _kv(self, features: torch.Tensor, start: int):
+        """features: [1, t, n*F] for positions start..start+t-1 -> per layer (k, v)."""
+        pos = torch.arange(start, start + features.shape[1])[None]
+        return self.net.context_kv(self.net.context(features.to(self.embedding.dtype)), pos)
+
+    def _draft_block(self, state: BlockDraftState, sampling: Sampling) -> DraftBlock:
+        b = self.config.block_size
+        anchor_pos = len(state.committed) - 1
+        embeds = self.net.mask_embedding.expand(1, b, -1).clone()  # [1, B, H]
+        embeds[0, 0] = self.embedding[state.committed[-1]]
+        pos = torch.arange(anchor_pos, anchor_pos + b)[None]
+        hidden = self.net(embeds, pos, state.ctx_kv)[0, 1:]  # [B-1, H]
+        logits = hidden @ self.head.T  # [B-1, V_draft]
+        choice, probs = choose(logits, sampling)
+        tokens = self.net.draft_to_target[choice]
+        if probs is not None and probs.shape[-1] != self.vocab_size:  # scatter to the full vocab
+            full = probs.new_zeros(probs.shape[0], self.vocab_size)
+            probs = full.index_copy_(1, self.net.draft_to_target, probs)
+        return DraftBlock(tokens, hidden.float(), probs)

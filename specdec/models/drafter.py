@@ -1,0 +1,60 @@
+"""The drafter protocol: what the engine needs from any proposer of draft tokens.
+
+A drafter extends the current round's draft block by block (``propose``) and is told what the
+target committed at the end of the round (``commit``). All per-request state lives in the
+object returned by ``start``; the drafter itself is shared across requests. Implementations:
+``ARDrafter`` (a small draft LM), ``BlockDrafter`` (DFlash-style, parallel) and
+``NgramDrafter`` (prompt lookup, no model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from specdec.algorithms.sampling import Sampling
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """Tokens a drafter proposed in one ``propose`` call (n may be 0: nothing to propose)."""
+
+    tokens: torch.Tensor  # [n] long, target vocabulary ids
+    hidden: torch.Tensor  # [n, D] the drafter's state that produced each token (pre-verifier input)
+    probs: torch.Tensor | None = None  # [n, V] proposal distribution, only when sampling
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @staticmethod
+    def empty(hidden_size: int) -> DraftBlock:
+        return DraftBlock(torch.zeros(0, dtype=torch.long), torch.zeros(0, hidden_size))
+
+
+class Drafter(Protocol):
+    hidden_size: int  # width D of DraftBlock.hidden
+    vocab_size: int  # must equal the target's
+    max_draft_len: int | None  # longest draft one round can hold; None = unbounded
+    needs_target_features: bool  # whether start/commit need the target's tapped features
+
+    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> Any:
+        """New request state. features: [len(prompt) - 1, F] taps of all but the last token."""
+
+    def propose(self, state: Any, n: int, sampling: Sampling) -> DraftBlock:
+        """Extend this round's draft by up to n tokens."""
+
+    def commit(self, state: Any, tokens: list[int], features: torch.Tensor | None) -> None:
+        """End the round: ``tokens`` were committed; features: [len(tokens), F] taps of the
+        positions that became verified context (the previous pending token and the accepted
+        drafts), in order."""
+
+
+def concat_blocks(blocks: list[DraftBlock], hidden_size: int) -> DraftBlock:
+    if not blocks:
+        return DraftBlock.empty(hidden_size)
+    probs = None
+    if all(b.probs is not None for b in blocks):
+        probs = torch.cat([b.probs for b in blocks])
+    return DraftBlock(torch.cat([b.tokens for b in blocks]), torch.cat([b.hidden for b in blocks]), probs)

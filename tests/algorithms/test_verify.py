@@ -1,0 +1,114 @@
+"""Strict greedy verification, the Verdict boundary type and the verifier registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.algorithms.asd import AsdVerifier
+from specdec.algorithms.rejection import RejectionSampler
+from specdec.algorithms.verify import (
+    StrictVerifier,
+    Verdict,
+    Verifier,
+    make_verifier,
+    verifier_names,
+)
+
+V = 5
+
+
+def greedy_logits(best: list[int]) -> torch.Tensor:
+    """[len(best), V] logits whose row i has its (unique) maximum at best[i]."""
+    logits = torch.zeros(len(best), V)
+    for i, token in enumerate(best):
+        logits[i, token] = 3.0
+    return logits
+
+
+def strict(best: list[int], draft: list[int]) -> Verdict:
+    return StrictVerifier().verify(greedy_logits(best), torch.tensor(draft, dtype=torch.long))
+
+
+def test_full_accept_commits_k_plus_one_tokens():
+    verdict = strict([1, 2, 3, 4], [1, 2, 3])
+    assert verdict == Verdict(accepted=3, tokens=[1, 2, 3, 4])
+
+
+def test_reject_at_first_position_commits_only_the_correction():
+    verdict = strict([1, 2, 3, 4], [0, 2, 3])
+    assert verdict == Verdict(accepted=0, tokens=[1])
+
+
+def test_reject_in_the_middle_stops_even_if_later_tokens_match():
+    verdict = strict([1, 2, 3, 4], [1, 0, 3])
+    assert verdict == Verdict(accepted=1, tokens=[1, 2])
+
+
+def test_empty_draft_is_a_plain_greedy_step():
+    verdict = strict([4], [])
+    assert verdict == Verdict(accepted=0, tokens=[4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_picks_the_first_maximum_on_ties(dtype):
+    row = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0], dtype=dtype)
+    assert int(row.argmax()) == 1
+    logits = torch.stack([row, row])  # [2, V]: K = 1
+    assert StrictVerifier().verify(logits, torch.tensor([1])).tokens == [1, 1]
+    assert StrictVerifier().verify(logits, torch.tensor([3])) == Verdict(0, [1])
+
+
+def test_strict_equals_plain_greedy_decoding_on_random_logits():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        logits = torch.randint(-2, 3, (7, V), generator=gen).float()  # ties are common
+        greedy = logits.argmax(dim=-1)
+        draft = torch.where(
+            torch.rand(6, generator=gen) < 0.7, greedy[:6], torch.randint(0, V, (6,), generator=gen)
+        )
+        verdict = StrictVerifier().verify(logits, draft)
+        assert verdict.tokens == greedy[: verdict.accepted + 1].tolist()
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="K\\+1"):
+        StrictVerifier().verify(torch.zeros(3, V), torch.tensor([0]))
+    with pytest.raises(ValueError, match="integer"):
+        StrictVerifier().verify(torch.zeros(2, V), torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="token ids"):
+        StrictVerifier().verify(torch.zeros(2, V), torch.tensor([V]))
+
+
+def test_verdict_checks_its_token_count():
+    with pytest.raises(ValueError, match="accepted \\+ 1"):
+        Verdict(accepted=2, tokens=[1, 2])
+
+
+def test_make_verifier_builds_each_name():
+    assert verifier_names() == ["asd", "sample", "strict"]
+    assert isinstance(make_verifier("strict"), StrictVerifier)
+    asd = make_verifier("asd", budget=8.0, gate=0.25, max_exceptions=2)
+    assert asd == AsdVerifier(budget=8.0, gate=0.25, max_exceptions=2)
+    assert make_verifier("sample", temperature=0.7) == RejectionSampler(temperature=0.7)
+    for name in verifier_names():
+        assert isinstance(make_verifier(name), Verifier)
+
+
+def test_lossless_flags():
+    assert make_verifier("strict").lossless
+    assert make_verifier("sample").lossless
+    assert not make_verifier("asd").lossless
+    assert make_verifier("asd", budget=0.0).lossless
+
+
+def test_make_verifier_unknown_name_lists_known_names():
+    with pytest.raises(ValueError, match="unknown verifier 'typical'.*asd, sample, strict"):
+        make_verifier("typical")
+
+
+def test_make_verifier_bad_parameters():
+    with pytest.raises(ValueError, match="bad parameters for verifier 'strict'"):
+        make_verifier("strict", budget=1.0)
+    with pytest.raises(ValueError, match="gate"):
+        make_verifier("asd", gate=-1.0)

@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random models (Llama and Qwen3 configs), built once per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.models.tiny import make_tiny_models
+
+# Tiny models run fastest on one thread, and tests must not fight over the two cores.
+torch.set_num_threads(1)
+
+PROMPTS = ["hello world hello world, hello", "def f(x):\n    return x + 1\n\ndef g(", "a"]
+
+
+def make_noisy_copy(src, out, scale: float, seed: int):
+    """A drafter that agrees with the target only partly: the target plus weight noise."""
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale * p.std())
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen3"])
+def tiny(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    paths = {k: str(v) for k, v in make_tiny_models(root, request.param).items()}
+    paths["noisy"] = str(make_noisy_copy(paths["target"], root / "noisy", 0.1, seed=1))
+    paths["arch"] = request.param
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-llama-only")
+    return {k: str(v) for k, v in make_tiny_models(root, "llama").items()}
+
+
+def greedy_reference(model, prompt_ids: list[int], n: int, eos: frozenset[int]) -> list[int]:
+    """Plain greedy decoding with no cache at all: the independent ground truth."""
+    ids = list(prompt_ids)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            token = int(logits.argmax())
+            out.append(token)
+            ids.append(token)
+            if token in eos:
+                break
+    return out

@@ -1,0 +1,97 @@
+"""Engine behaviour beyond losslessness: streaming, stats, sampling, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.engine.engine import Engine, truncate
+from specdec.engine.loading import load_pair
+from specdec.engine.settings import GenerationParams, SpecSettings
+from specdec.models.ngram import NgramDrafter
+from specdec.models.target import TargetModel
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    pair = load_pair(tiny_llama["target"], "ngram", dtype="float64")
+    return Engine(pair.target, pair.drafter)
+
+
+def ids_of(engine, text="abc abc abc abc"):
+    return engine.target.target.tokenizer(text)["input_ids"]
+
+
+def test_stream_yields_what_generate_returns(engine):
+    ids, params = ids_of(engine), GenerationParams(max_new_tokens=30)
+    stream = engine.stream(ids, params)
+    chunks = list(stream)
+    assert all(chunks) and sum(chunks, []) == stream.token_ids
+    assert stream.token_ids == engine.generate(ids, params).token_ids
+    assert engine.target.requests == {} and engine.drafter.requests == {}  # state freed
+
+
+def test_stats_are_consistent(engine):
+    out = engine.generate(ids_of(engine), GenerationParams(max_new_tokens=40))
+    s = out.stats
+    assert s.committed == len(out.token_ids) == 40
+    assert s.target_passes == s.rounds + 1  # plus the prefill
+    assert sum(s.drafted_at) == s.drafted and sum(s.accepted_at) == s.accepted
+    assert sum(s.draft_lengths.values()) == s.rounds
+    assert s.mean_accepted_length == pytest.approx(40 / s.rounds)
+    assert s.total_s >= s.target_s > 0
+    d = s.to_dict()
+    assert d["committed"] == 40 and set(d["time_s"]) == {"drafter", "preverifier", "target", "total"}
+
+
+def test_sampling_is_reproducible_with_a_seed(engine):
+    ids = ids_of(engine)
+    run = [engine.generate(ids, GenerationParams(max_new_tokens=20, temperature=0.8, seed=s)).token_ids
+           for s in (1, 1, 2)]
+    assert run[0] == run[1] and run[0] != run[2]
+
+
+def test_truncate_at_eos_and_budget():
+    assert truncate([1, 2, 9, 3], 10, frozenset({9})) == ([1, 2, 9], "stop")
+    assert truncate([1, 2, 3], 2, frozenset({9})) == ([1, 2], "length")
+    assert truncate([1, 2], 5, frozenset()) == ([1, 2], None)
+
+
+def test_context_full_finishes_with_length(tiny_llama):
+    pair = load_pair(tiny_llama["target"], "ngram", dtype="float64")
+    engine = Engine(pair.target, pair.drafter)
+    limit = pair.target.max_length
+    out = engine.generate([5] * (limit - 3), GenerationParams(max_new_tokens=50))
+    assert out.finish_reason in ("length", "stop") and len(out.token_ids) <= 4
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda: GenerationParams(max_new_tokens=0), "max_new_tokens"),
+    (lambda: SpecSettings(policy="bogus"), "unknown draft policy"),
+    (lambda: SpecSettings(gamma=0), "gamma"),
+    (lambda: SpecSettings(verify="asd", asd_budget=-1.0), "budget"),
+    (lambda: SpecSettings(verify="nope"), "unknown verifier"),
+    (lambda: GenerationParams(temperature=-0.1), "temperature"),
+    (lambda: GenerationParams(temperature=0.7, spec=SpecSettings(verify="strict")), "sample"),
+    (lambda: GenerationParams(spec=SpecSettings(verify="sample")), "temperature > 0"),
+])
+def test_bad_settings_are_clear_errors(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_bad_prompts_and_pairs(engine, tiny_llama):
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([])
+    with pytest.raises(ValueError, match="context"):
+        engine.generate([1] * engine.target.target.max_length)
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate([10**6])
+    target = TargetModel.from_pretrained(tiny_llama["target"])
+    with pytest.raises(ValueError, match="does not match"):
+        Engine(target, NgramDrafter(vocab_size=target.vocab_size + 1))
+
+
+def test_pacer_without_a_preverifier_is_a_clear_error(engine):
+    with pytest.raises(ValueError, match="pre-verifier"):
+        engine.generate(ids_of(engine), GenerationParams(spec=SpecSettings(policy="pacer")))
+    assert engine.target.requests == {}  # nothing leaked

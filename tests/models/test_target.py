@@ -1,0 +1,74 @@
+"""The target adapter: KV crop must leave the cache exactly as a fresh prefill would."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.models.target import TargetModel, evenly_spaced_taps
+
+
+@pytest.fixture(scope="module")
+def target(tiny):
+    return TargetModel.from_pretrained(tiny["target"], dtype="float64", tap_layers=(0, 2))
+
+
+def cache_tensors(state):
+    return [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
+
+
+def test_any_extend_crop_sequence_equals_fresh_prefill(target):
+    rng = random.Random(0)
+    for _ in range(5):
+        state, seq = target.new_state(), []
+        for _step in range(8):
+            if seq and rng.random() < 0.4:
+                keep = rng.randint(0, len(seq))
+                target.crop(state, keep)
+                seq = seq[:keep]
+            else:
+                new = [rng.randrange(target.vocab_size) for _ in range(rng.randint(1, 5))]
+                target.forward(state, new)
+                seq += new
+        if not seq:
+            continue
+        fresh = target.new_state()
+        target.forward(fresh, seq)
+        assert state.length == fresh.length == len(seq)
+        for (k1, v1), (k2, v2) in zip(cache_tensors(state), cache_tensors(fresh), strict=True):
+            torch.testing.assert_close(k1, k2, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(v1, v2, rtol=1e-10, atol=1e-10)
+        probe = [rng.randrange(target.vocab_size)]
+        torch.testing.assert_close(target.forward(state, probe).logits,
+                                   target.forward(fresh, probe).logits)
+
+
+def test_taps_are_the_tapped_layer_outputs(target):
+    ids = [5, 6, 7, 8]
+    out = target.forward(target.new_state(), ids, taps=True)
+    assert out.logits.shape == (4, target.vocab_size)
+    full = target.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    expected = torch.cat([full.hidden_states[1][0], full.hidden_states[3][0]], dim=-1)
+    torch.testing.assert_close(out.taps, expected)
+
+
+def test_taps_evenly_spaced_like_dflash():
+    assert evenly_spaced_taps(30, 3) == (1, 14, 27)
+    assert evenly_spaced_taps(4, 2) == (1, 1)
+    with pytest.raises(ValueError):
+        evenly_spaced_taps(30, 0)
+
+
+def test_bad_calls_raise(target):
+    state = target.new_state()
+    with pytest.raises(ValueError, match="at least one token"):
+        target.forward(state, [])
+    target.forward(state, [1, 2])
+    with pytest.raises(ValueError, match="crop"):
+        target.crop(state, 3)
+    with pytest.raises(ValueError, match="context"):
+        target.forward(state, [1] * target.max_length)
+    with pytest.raises(ValueError, match="tap layers"):
+        TargetModel(target.model, target.tokenizer, tap_layers=(99,))
