@@ -22,11 +22,10 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
-# Placeholder until the serving issue lands: a local demo of the engine on the default target.
+# An embedded local Ray cluster serving configs/serve/local.yaml on http://127.0.0.1:8000.
+SERVE_CONFIG ?= configs/serve/local.yaml
 serve: setup
-	$(BIN)/specdec generate --target smollm2-135m --drafter ngram --policy fixed --gamma 4 \
-		--verify strict --chat --max-new-tokens 96 \
-		--prompt "Write a Python function that returns the n-th Fibonacci number."
+	RAY_AUTH_MODE=disabled $(BIN)/python -m cluster.serve_local $(SERVE_CONFIG)
 
 lint: setup
 	$(BIN)/ruff check specdec actors cluster pipelines tests

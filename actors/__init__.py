@@ -1,4 +1,5 @@
-"""Ray actors (plain classes over specdec workers): DrafterWorker and TargetWorker.
+"""The two sides of a served round as plain classes: ``TargetActor`` and ``DrafterActor``.
 
-Filled in by the serving issue (#3); ray.remote is applied only in cluster/.
+They wrap the core's ``TargetWorker`` / ``DraftWorker`` and hold per-request state by request
+id. ``ray.remote`` is applied only in ``cluster/``; nothing here imports ray.
 """

@@ -22,7 +22,8 @@ def add_generate(sub) -> None:
     g.add_argument("--target", required=True, help="named source, model directory or HF id")
     g.add_argument("--drafter", default="none",
                    help="none | ngram | self | block-drafter checkpoint | AR draft LM path or id")
-    g.add_argument("--preverifier", default=None, help="pre-verifier checkpoint (PACER)")
+    g.add_argument("--preverifier", default=None,
+                   help="pre-verifier checkpoint for PACER, or 'untrained' (random weights)")
     g.add_argument("--policy", default="fixed", choices=sorted(POLICIES))
     g.add_argument("--gamma", type=int, default=4, help="fixed draft length")
     g.add_argument("--block-size", type=int, default=4, help="PACER block size b")

@@ -47,3 +47,11 @@ def test_smollm2_with_ngram_prints_sensible_text(capsys):
     out = json.loads(capsys.readouterr().out)
     assert "def " in out["text"] and "return" in out["text"]
     assert out["stats"]["mean_accepted_length"] >= 1.0
+
+
+def test_pacer_with_an_untrained_preverifier_runs(tiny_llama, capsys):
+    code = main(["generate", "--target", tiny_llama["target"], "--drafter",
+                 tiny_llama["block-drafter"], "--policy", "pacer", "--preverifier", "untrained",
+                 "--max-new-tokens", "10", "--prompt", "abc", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["committed"] == 10

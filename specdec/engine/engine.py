@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from specdec.engine.settings import GenerationParams
 from specdec.engine.stats import RequestStats
-from specdec.engine.workers import Draft, DraftWorker, TargetWorker
+from specdec.engine.workers import Draft, DraftWorker, RoundResult, TargetWorker
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
 
@@ -54,15 +54,57 @@ def truncate(tokens: list[int], budget: int, eos: frozenset[int]) -> tuple[list[
     return tokens, None
 
 
-class Generation:
-    """A streaming request: iterate for lists of newly committed tokens; then read the results."""
+class Progress:
+    """The bookkeeping half of a round, shared by the engine and the served orchestrator.
 
-    def __init__(self, engine: Engine, rid: str, prompt_ids: list[int], params: GenerationParams):
-        self.engine, self.rid, self.params = engine, rid, params
+    It decides how long the next draft may be and settles what a verify pass committed (stats,
+    EOS / budget truncation, finish reason). Whoever moves the tokens (local workers here, Ray
+    actors in ``cluster/``) calls ``limit`` before drafting and ``settle`` after verifying, so
+    both paths commit exactly the same tokens.
+    """
+
+    def __init__(self, prompt_ids: list[int], params: GenerationParams):
+        self.params = params
         self.prompt_ids = list(prompt_ids)
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stats = RequestStats()
+
+    def opened(self, target_s: float, drafter_s: float = 0.0) -> None:
+        """Account for the prefill (a target pass only when the prompt has a cached part)."""
+        self.stats.target_s += target_s
+        self.stats.drafter_s += drafter_s
+        self.stats.target_passes += int(len(self.prompt_ids) > 1)
+
+    def limit(self, room: int) -> int:
+        """Longest draft for the next round; the bonus token always comes on top of it."""
+        return min(self.params.max_new_tokens - len(self.token_ids) - 1, room)
+
+    def drafted(self, draft: Draft) -> None:
+        self.stats.drafter_s += draft.drafter_s
+        self.stats.preverifier_s += draft.preverifier_s
+
+    def settle(self, draft: Draft, result: RoundResult, room: int, eos: frozenset[int]) -> list[int]:
+        """Record a verified round; return the tokens it added. ``room`` is the one the draft
+        was limited by; after this, ``finish_reason`` is set once the request is done."""
+        budget = self.params.max_new_tokens - len(self.token_ids)
+        self.stats.target_s += result.target_s
+        self.stats.record_round(len(draft.tokens), result.accepted, result.regret, result.exceptions)
+        new, reason = truncate(result.tokens, budget, eos)
+        if reason is None and room - result.accepted < 1:
+            reason = "length"  # the context is full
+        self.token_ids.extend(new)
+        self.stats.committed += len(new)
+        self.finish_reason = reason
+        return new
+
+
+class Generation(Progress):
+    """A streaming request: iterate for lists of newly committed tokens; then read the results."""
+
+    def __init__(self, engine: Engine, rid: str, prompt_ids: list[int], params: GenerationParams):
+        super().__init__(prompt_ids, params)
+        self.engine, self.rid = engine, rid
         self._rounds = self._run()
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -72,7 +114,7 @@ class Generation:
         engine, rid = self.engine, self.rid
         t0 = time.perf_counter()
         try:
-            engine.open(rid, self.prompt_ids, self.params, self.stats)
+            engine.open(rid, self.prompt_ids, self.params, self)
             while self.finish_reason is None:
                 new = engine.round(rid, self)
                 self.stats.total_s = time.perf_counter() - t0
@@ -108,43 +150,31 @@ class Engine:
         return self.stream(prompt_ids, params).result()
 
     # ---- one request's lifecycle ------------------------------------------------------------
-    def open(self, rid: str, prompt_ids: list[int], params: GenerationParams, stats: RequestStats):
+    def open(self, rid: str, prompt_ids: list[int], params: GenerationParams, gen: Progress):
         t0 = time.perf_counter()
         features = self.target.open(rid, prompt_ids, params)
-        stats.target_s += time.perf_counter() - t0
-        stats.target_passes += int(len(prompt_ids) > 1)
+        t1 = time.perf_counter()
         if self.drafter is not None:
-            t0 = time.perf_counter()
             self.drafter.open(rid, prompt_ids, features, params)
-            stats.drafter_s += time.perf_counter() - t0
+        gen.opened(target_s=t1 - t0, drafter_s=time.perf_counter() - t1)
 
-    def round(self, rid: str, gen: Generation) -> list[int]:
+    def round(self, rid: str, gen: Progress) -> list[int]:
         """Draft, verify, commit; return the tokens this round added to the output."""
-        budget = gen.params.max_new_tokens - len(gen.token_ids)
         room = self.target.room(rid)
-        limit = min(budget - 1, room)  # the bonus token always comes on top of the draft
-        draft = self._draft(rid, limit, gen.stats)
+        draft = self._draft(rid, gen.limit(room), gen)
         result = self.target.verify(rid, draft)
-        gen.stats.target_s += result.target_s
-        gen.stats.record_round(len(draft.tokens), result.accepted, result.regret, result.exceptions)
-        new, reason = truncate(result.tokens, budget, self.eos)
-        if reason is None and room - result.accepted < 1:
-            reason = "length"  # the context is full
-        if reason is None and self.drafter is not None:
+        new = gen.settle(draft, result, room, self.eos)
+        if gen.finish_reason is None and self.drafter is not None:
             t0 = time.perf_counter()
             self.drafter.commit(rid, result, len(draft.tokens))
             gen.stats.drafter_s += time.perf_counter() - t0
-        gen.token_ids.extend(new)
-        gen.stats.committed += len(new)
-        gen.finish_reason = reason
         return new
 
-    def _draft(self, rid: str, limit: int, stats: RequestStats) -> Draft:
+    def _draft(self, rid: str, limit: int, gen: Progress) -> Draft:
         if self.drafter is None or limit < 1:
             return Draft([], None)
         draft = self.drafter.draft(rid, limit)
-        stats.drafter_s += draft.drafter_s
-        stats.preverifier_s += draft.preverifier_s
+        gen.drafted(draft)
         return draft
 
     def close(self, rid: str) -> None:

@@ -2,18 +2,22 @@
 
 Drafter references: ``none`` (plain autoregressive decoding), ``ngram`` (prompt lookup),
 ``self`` (the target as its own AR drafter, a check that accepts everything), a block-drafter
-checkpoint directory, or the path / hub id of an autoregressive draft LM.
+checkpoint directory, or the path / hub id of an autoregressive draft LM. Pre-verifier
+references: a checkpoint directory, or ``untrained`` (random weights: PACER runs, but its
+scores mean nothing until it is trained).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from specdec.models.ar_drafter import ARDrafter
 from specdec.models.block_drafter import BlockDrafter
 from specdec.models.drafter import Drafter
 from specdec.models.ngram import NgramDrafter
-from specdec.models.preverifier import PreVerifier
+from specdec.models.preverifier import PreVerifier, PreVerifierConfig
 from specdec.models.target import TargetModel
 
 
@@ -26,18 +30,50 @@ class ModelPair:
 
 def load_pair(target_ref: str, drafter_ref: str = "none", preverifier_ref: str | None = None,
               dtype: str = "float32") -> ModelPair:
-    taps: tuple[int, ...] = ()
-    if BlockDrafter.is_checkpoint(drafter_ref):
-        taps = BlockDrafter.read_config(drafter_ref)[0].tap_layers
-    target = TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=taps)
+    target = load_target(target_ref, drafter_ref, dtype)
     drafter = load_drafter(drafter_ref, target, dtype)
-    preverifier = None
-    if preverifier_ref:
-        preverifier = PreVerifier.load(preverifier_ref)
-        if drafter is not None and preverifier.c.input_size != drafter.hidden_size:
-            raise ValueError(f"pre-verifier {preverifier_ref} reads {preverifier.c.input_size}-wide "
-                             f"states; the drafter's are {drafter.hidden_size}-wide")
-    return ModelPair(target, drafter, preverifier)
+    return ModelPair(target, drafter, load_preverifier(preverifier_ref, drafter))
+
+
+def target_taps(drafter_ref: str) -> tuple[int, ...]:
+    """Target layers whose outputs the drafter reads (only block drafters read any)."""
+    if BlockDrafter.is_checkpoint(drafter_ref):
+        return BlockDrafter.read_config(drafter_ref)[0].tap_layers
+    return ()
+
+
+def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float32") -> TargetModel:
+    """The target, tapping the layers that ``drafter_ref`` needs as features."""
+    return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=target_taps(drafter_ref))
+
+
+def load_preverifier(ref: str | None, drafter: Drafter | None) -> PreVerifier | None:
+    if not ref:
+        return None
+    if ref == "untrained":
+        return untrained_preverifier(drafter) if drafter is not None else None
+    preverifier = PreVerifier.load(ref)
+    if drafter is not None and preverifier.c.input_size != drafter.hidden_size:
+        raise ValueError(f"pre-verifier {ref} reads {preverifier.c.input_size}-wide "
+                         f"states; the drafter's are {drafter.hidden_size}-wide")
+    return preverifier
+
+
+def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32") -> Drafter | None:
+    """The drafter alone, for a process that does not run the target: the target is loaded
+    only when the drafter borrows its weights (a block drafter's embedding and lm_head, or
+    ``self``); the n-gram drafter needs only the target's vocabulary size."""
+    if drafter_ref == "none":
+        return None
+    if drafter_ref == "ngram":
+        from transformers import AutoConfig
+
+        from specdec.models.sources import resolve
+
+        return NgramDrafter(AutoConfig.from_pretrained(resolve(target_ref)).vocab_size)
+    if drafter_ref == "self" or BlockDrafter.is_checkpoint(drafter_ref):
+        return load_drafter(drafter_ref, load_target(target_ref, drafter_ref, dtype), dtype)
+    return ARDrafter.from_pretrained(drafter_ref, dtype=dtype)
 
 
 def load_drafter(ref: str, target: TargetModel, dtype: str = "float32") -> Drafter | None:
@@ -54,9 +90,6 @@ def load_drafter(ref: str, target: TargetModel, dtype: str = "float32") -> Draft
 
 def untrained_preverifier(drafter: Drafter, seed: int = 0) -> PreVerifier:
     """A randomly initialised pre-verifier for a drafter: it runs, it just knows nothing yet."""
-    import torch
-
-    from specdec.models.preverifier import PreVerifierConfig
-
-    torch.manual_seed(seed)
-    return PreVerifier(PreVerifierConfig(input_size=drafter.hidden_size)).eval()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return PreVerifier(PreVerifierConfig(input_size=drafter.hidden_size)).eval()

@@ -95,3 +95,19 @@ def test_pacer_without_a_preverifier_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="pre-verifier"):
         engine.generate(ids_of(engine), GenerationParams(spec=SpecSettings(policy="pacer")))
     assert engine.target.requests == {}  # nothing leaked
+
+
+@pytest.mark.parametrize("drafter", ["drafter", "block-drafter", "self"])
+def test_sampling_runs_with_every_model_drafter(tiny_llama, drafter):
+    ref = tiny_llama.get(drafter, drafter)
+    pair = load_pair(tiny_llama["target"], ref, "untrained", dtype="float64")
+    engine = Engine(pair.target, pair.drafter, pair.preverifier)
+    ids = ids_of(engine)
+    for policy in ["fixed", "pacer"]:
+        params = GenerationParams(max_new_tokens=16, temperature=0.9, seed=3,
+                                  spec=SpecSettings(policy=policy, gamma=3, block_size=2))
+        a, b = engine.generate(ids, params), engine.generate(ids, params)
+        assert a.token_ids == b.token_ids
+        assert len(a.token_ids) == 16 or a.finish_reason == "stop"
+        if drafter == "self":
+            assert a.stats.accepted > 0  # the target's own proposals are often accepted

@@ -1,0 +1,81 @@
+"""The drafter side of served speculative decoding: a plain class that Ray runs as an actor.
+
+It loads the drafter (and the PACER pre-verifier, which runs here next to the drafter's hidden
+states) from references and wraps ``specdec.engine.workers.DraftWorker``, the same code the
+single-process engine runs. Per-request drafter state is keyed by request id and freed on
+finish, error, cancel or idle TTL. One call per round: commit the previous round's result
+(if any), then draft the next one. It knows nothing about Ray or HTTP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from actors.leases import Leases
+from specdec.engine.loading import load_drafter_side, load_preverifier
+from specdec.engine.settings import GenerationParams
+from specdec.engine.workers import Draft, DraftWorker, RoundResult
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What the target committed in the previous round, for the drafter to catch up on."""
+
+    result: RoundResult
+    drafted: int  # draft length of that round (the policy's feedback)
+
+
+@dataclass(frozen=True)
+class DrafterInfo:
+    vocab_size: int
+    threads: int
+
+
+class DrafterActor:
+    def __init__(self, drafter_ref: str, target_ref: str, preverifier_ref: str | None = None,
+                 dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0):
+        torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
+        drafter = load_drafter_side(drafter_ref, target_ref, dtype)
+        if drafter is None:
+            raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
+        self.worker = DraftWorker(drafter, load_preverifier(preverifier_ref, drafter))
+        self.leases = Leases(idle_ttl_s)
+
+    def info(self) -> DrafterInfo:
+        return DrafterInfo(self.worker.drafter.vocab_size, torch.get_num_threads())
+
+    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
+        self.sweep()
+        self._guarded(rid, self.worker.open, rid, prompt_ids, features, params)
+        self.leases.touch(rid)
+
+    def draft(self, rid: str, limit: int, commit: Commit | None = None) -> Draft:
+        """Commit the previous round (when given), then draft up to ``limit`` tokens."""
+        self.leases.touch(rid)
+        if commit is not None:
+            self._guarded(rid, self.worker.commit, rid, commit.result, commit.drafted)
+        if limit < 1:
+            return Draft([], None)
+        return self._guarded(rid, self.worker.draft, rid, limit)
+
+    def close(self, rid: str) -> None:
+        self.worker.close(rid)
+        self.leases.drop(rid)
+
+    def sweep(self) -> list[str]:
+        stale = self.leases.expired()
+        for rid in stale:
+            self.close(rid)
+        return stale
+
+    def active(self) -> list[str]:
+        return sorted(self.worker.requests)
+
+    def _guarded(self, rid: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            self.close(rid)
+            raise

@@ -1,0 +1,87 @@
+"""The target side of served speculative decoding: a plain class that Ray runs as an actor.
+
+It loads the target model from a reference and wraps ``specdec.engine.workers.TargetWorker``,
+the same code the single-process engine runs, so served tokens equal engine tokens. It holds
+every request's KV cache and ASD ledger by request id, frees them on finish, error, cancel or
+idle TTL, and returns only token ids, stats and a few feature rows (never logits).
+It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from actors.leases import Leases
+from specdec.engine.loading import load_target, target_taps
+from specdec.engine.settings import GenerationParams
+from specdec.engine.workers import Draft, RoundResult, TargetWorker
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    max_length: int  # context length in tokens
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    threads: int  # torch threads the actor runs on
+
+
+@dataclass(frozen=True)
+class Opened:
+    features: torch.Tensor | None  # [len(prompt) - 1, F] taps for a block drafter, else None
+    room: int  # draft tokens the context has room for in the first round
+    target_s: float
+
+
+@dataclass(frozen=True)
+class Verified:
+    result: RoundResult
+    room: int  # draft tokens the context has room for in the next round
+
+
+class TargetActor:
+    def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
+                 threads: int = 1, idle_ttl_s: float = 600.0):
+        torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
+        target = load_target(target_ref, drafter_ref, dtype)
+        self.worker = TargetWorker(target, features=bool(target_taps(drafter_ref)))
+        self.leases = Leases(idle_ttl_s)
+
+    def info(self) -> TargetInfo:
+        t = self.worker.target
+        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads())
+
+    def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> Opened:
+        self.sweep()
+        t0 = time.perf_counter()
+        features = self._guarded(rid, self.worker.open, rid, prompt_ids, params)
+        self.leases.touch(rid)
+        return Opened(features, self.worker.room(rid), time.perf_counter() - t0)
+
+    def verify(self, rid: str, draft: Draft) -> Verified:
+        result = self._guarded(rid, self.worker.verify, rid, draft)
+        self.leases.touch(rid)
+        return Verified(result, self.worker.room(rid))
+
+    def close(self, rid: str) -> None:
+        self.worker.close(rid)
+        self.leases.drop(rid)
+
+    def sweep(self) -> list[str]:
+        """Free requests idle for longer than the TTL; return their ids."""
+        stale = self.leases.expired()
+        for rid in stale:
+            self.close(rid)
+        return stale
+
+    def active(self) -> list[str]:
+        return sorted(self.worker.requests)
+
+    def _guarded(self, rid: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            self.close(rid)  # an error ends the request: free its state
+            raise

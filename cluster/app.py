@@ -1,0 +1,68 @@
+"""The Serve application builder: the only place where ``ray.remote`` and ``serve.deployment``
+are applied.
+
+``build_app(args)`` validates ``args`` against ``cluster.schema.ServeArgs`` and binds one
+deployment, the HTTP ingress that orchestrates rounds (``cluster.server.Server``). Its replica
+starts the target and drafter actors with ``spawn_actors`` at construction, so the actors live
+and die with it. YAML names the builder by import path::
+
+    serve run configs/serve/local.yaml
+    serve run cluster.app:build_app target=smollm2-135m drafter=ngram
+"""
+
+from __future__ import annotations
+
+import ray
+from ray import serve
+
+from actors.drafter import DrafterActor
+from actors.target import TargetActor
+from cluster.schema import Resources, ServeArgs
+from cluster.server import Server
+from cluster.tiny import materialise
+
+
+def actor_options(resources: Resources) -> dict:
+    return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
+
+
+def spawn_actors(args: ServeArgs):
+    """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
+    ttl = args.limits.idle_ttl_s
+    target = ray.remote(TargetActor).options(**actor_options(args.target_resources)).remote(
+        args.target, args.drafter, args.dtype, args.target_resources.threads, ttl)
+    if args.drafter == "none":
+        return target, None
+    drafter = ray.remote(DrafterActor).options(**actor_options(args.drafter_resources)).remote(
+        args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
+        ttl)
+    return target, drafter
+
+
+def resolve_references(args: ServeArgs) -> ServeArgs:
+    """Build ``tiny:`` references into local directories (a no-op for every other kind)."""
+    return args.model_copy(update={
+        "target": materialise(args.target), "drafter": materialise(args.drafter),
+        "preverifier": materialise(args.preverifier),
+        "model_id": args.served_model_id,
+    })
+
+
+class ServedServer(Server):
+    """``Server`` as a Serve ingress: Serve calls this hook on the replica after ``__init__``."""
+
+    def __serve_build_asgi_app__(self):
+        return self.asgi_app()
+
+
+def build_app(args: dict) -> serve.Application:
+    config = resolve_references(ServeArgs.model_validate(args))
+    limit = config.limits.max_concurrent_requests
+    deployment = serve.deployment(
+        serve.ingress()(ServedServer), name="specdec",
+        # Serve lets a few more in than the limit, so the server itself answers them with a
+        # JSON 503 instead of Serve queueing them.
+        max_ongoing_requests=limit + 8,
+        ray_actor_options={"num_cpus": config.server_num_cpus},
+    )
+    return deployment.bind(config.model_dump(), spawn_actors)

@@ -1,0 +1,71 @@
+"""The served round loop: drives one request's rounds across the drafter and target actors.
+
+Per round: draft on the drafter actor (which first commits the previous round's result), verify
+on the target actor, then settle with the engine's own ``Progress`` (the same limit, truncation
+and stats code as ``specdec.engine.engine.Engine``), so served tokens equal engine tokens. Two
+actor calls per round; only token ids, stats and a few feature rows cross. Many requests run
+concurrently on one event loop and interleave their rounds on the actors.
+This module knows nothing about HTTP or tokenisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from actors.drafter import Commit
+from specdec.engine.engine import Progress
+from specdec.engine.workers import Draft
+
+
+class Orchestrator:
+    def __init__(self, target, drafter, eos_token_ids: frozenset[int], observer=None):
+        self.target = target  # Ray actor handle of a TargetActor
+        self.drafter = drafter  # Ray actor handle of a DrafterActor, or None (plain decoding)
+        self.eos = eos_token_ids
+        self.observer = observer  # optional: observer.round(draft, result, seconds)
+
+    async def run(self, rid: str, progress: Progress) -> AsyncIterator[list[int]]:
+        """Yield each round's newly committed tokens; state is freed in both actors however the
+        loop ends (finish, error, or the caller cancelling it mid-round)."""
+        t0 = time.perf_counter()
+        try:
+            room = await self._open(rid, progress)
+            commit = None
+            while progress.finish_reason is None:
+                t1 = time.perf_counter()
+                draft = await self._draft(rid, progress, room, commit)
+                verified = await self.target.verify.remote(rid, draft)
+                new = progress.settle(draft, verified.result, room, self.eos)
+                commit, room = Commit(verified.result, len(draft.tokens)), verified.room
+                progress.stats.total_s = time.perf_counter() - t0
+                if self.observer is not None:
+                    self.observer.round(draft, verified.result, time.perf_counter() - t1)
+                if new:
+                    yield new
+        finally:
+            self.close(rid)
+            progress.stats.total_s = time.perf_counter() - t0
+
+    async def _open(self, rid: str, progress: Progress) -> int:
+        opened = await self.target.open.remote(rid, progress.prompt_ids, progress.params)
+        t0 = time.perf_counter()
+        if self.drafter is not None:
+            await self.drafter.open.remote(rid, progress.prompt_ids, opened.features,
+                                           progress.params)
+        progress.opened(target_s=opened.target_s, drafter_s=time.perf_counter() - t0)
+        return opened.room
+
+    async def _draft(self, rid: str, progress: Progress, room: int, commit: Commit | None) -> Draft:
+        if self.drafter is None:
+            return Draft([], None)
+        draft = await self.drafter.draft.remote(rid, progress.limit(room), commit)
+        progress.drafted(draft)
+        return draft
+
+    def close(self, rid: str) -> None:
+        """Free the request in both actors. Fire-and-forget: each actor runs the close after
+        any call of this request already submitted to it, so nothing leaks."""
+        self.target.close.remote(rid)
+        if self.drafter is not None:
+            self.drafter.close.remote(rid)

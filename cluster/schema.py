@@ -1,0 +1,65 @@
+"""The strict schema of the Serve application's arguments (what a YAML ``args:`` block holds).
+
+Unknown keys are errors (``extra="forbid"``), so a typo in a config fails at build time rather
+than serving with a default. Per-request speculative settings are validated later, by the
+core's ``SpecSettings``; this module only checks the deployment's shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(Strict):
+    """Ray resources of one actor, and the torch threads it runs on."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    threads: PositiveInt = 1  # torch.set_num_threads in the actor (Ray sets OMP to 1 otherwise)
+
+
+class Speculative(Strict):
+    """Default speculative settings; a request's ``speculative`` body field overrides them."""
+
+    policy: Literal["fixed", "heuristic", "pacer"] = "fixed"
+    gamma: PositiveInt = 4
+    block_size: PositiveInt = 4
+    threshold: float = Field(0.5, ge=0, le=1)
+    growth: float = Field(1.1, ge=1)
+    max_draft: PositiveInt = 16
+    verify: Literal["strict", "asd", "sample"] | None = None
+    asd_budget: float = Field(0.0, ge=0)
+    asd_gate: float = Field(0.25, ge=0)
+    asd_max_exceptions: int = Field(2, ge=0)
+    asd_normalized: bool = False
+
+
+class Limits(Strict):
+    max_tokens: PositiveInt = 512  # cap on a request's max_tokens
+    default_max_tokens: PositiveInt = 128
+    max_concurrent_requests: PositiveInt = 16  # beyond this, 503
+    idle_ttl_s: float = Field(600.0, ge=0)  # free state of requests idle this long (0 = never)
+
+
+class ServeArgs(Strict):
+    target: str  # model reference: a named source, a directory, a hub id, or tiny:DIR/target
+    drafter: str = "ngram"  # none | ngram | self | a block-drafter dir | an AR draft LM
+    preverifier: str | None = None
+    model_id: str | None = None  # the name clients pass as "model"; default: the target's name
+    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    speculative: Speculative = Speculative()
+    target_resources: Resources = Resources()
+    drafter_resources: Resources = Resources(num_cpus=0.5)
+    server_num_cpus: float = Field(0.5, ge=0)  # the ingress/orchestrator replica
+    limits: Limits = Limits()
+
+    @property
+    def served_model_id(self) -> str:
+        return self.model_id or Path(self.target.removeprefix("tiny:")).name or self.target

@@ -1,0 +1,43 @@
+"""``python -m cluster.serve_local [CONFIG]``: an embedded local Ray cluster serving one config.
+
+Starts Ray in this process (token auth off: the cluster is private to this process), runs the
+config's application on http://127.0.0.1:8000 and blocks until interrupted. ``make serve`` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import yaml
+
+DEFAULT = "configs/serve/local.yaml"
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray import serve
+
+    from cluster.app import build_app
+
+    path = argv[0] if argv else DEFAULT
+    app_cfg = yaml.safe_load(open(path))["applications"][0]
+    ray.init(include_dashboard=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
+    print("specdec serving on http://127.0.0.1:8000 (OpenAI-compatible: /v1/completions, "
+          "/v1/chat/completions, /v1/models, /health)", flush=True)
+    print(f"READY model={app_cfg['args'].get('model_id') or app_cfg['args']['target']}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

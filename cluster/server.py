@@ -1,0 +1,179 @@
+"""The HTTP ingress and orchestrator replica: OpenAI-compatible routes over the round loop.
+
+A plain class whose ``asgi_app()`` builds a FastAPI app bound to it; ``cluster.app.build_app``
+turns it into a Serve deployment and passes it the function that starts the two actors. It validates every request before any
+model runs (bad input is a 400, an unknown model a 404, a full server a 503, never a 500),
+tokenises with the target's tokenizer, and streams rounds as SSE chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from transformers import AutoTokenizer
+
+from cluster import protocol as wire
+from cluster.detokenize import TextStream
+from cluster.orchestrator import Orchestrator
+from cluster.schema import ServeArgs, Speculative
+from specdec.engine.engine import Progress, check_pair, check_prompt
+from specdec.engine.settings import GenerationParams, SpecSettings
+from specdec.models.sources import resolve
+
+log = logging.getLogger("specdec.server")
+
+
+class Server:
+    def __init__(self, args: dict, spawn, observer=None):
+        self.args = ServeArgs.model_validate(args)
+        self.target, self.drafter = spawn(self.args)
+        self.info = ray.get(self.target.info.remote())
+        if self.drafter is not None:
+            check_pair(self.info, ray.get(self.drafter.info.remote()))
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve(self.args.target))
+        self.orchestrator = Orchestrator(self.target, self.drafter, self.info.eos_token_ids,
+                                         observer)
+        self.model_id = self.args.served_model_id
+        self.in_flight = 0
+
+    # ---- routes -----------------------------------------------------------------------------
+    def asgi_app(self) -> FastAPI:
+        """The HTTP app, its routes bound to this instance."""
+        app = FastAPI(title="specdec")
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/debug/active", self.active, methods=["GET"])
+        return app
+
+    async def health(self) -> dict:
+        return {"status": "ok", "model": self.model_id, "in_flight": self.in_flight}
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model",
+                                            "owned_by": "specdec",
+                                            "max_model_len": self.info.max_length}]}
+
+    async def completions(self, request: Request):
+        return await self._serve(request, chat=False)
+
+    async def chat_completions(self, request: Request):
+        return await self._serve(request, chat=True)
+
+    async def active(self) -> dict:
+        """Request ids holding state in each actor (for tests and operators)."""
+        drafter = [] if self.drafter is None else await self.drafter.active.remote()
+        return {"target": await self.target.active.remote(), "drafter": drafter}
+
+    # ---- one request ------------------------------------------------------------------------
+    async def _serve(self, request: Request, chat: bool):
+        try:
+            req, prompt_ids, params = await self._validate(request, chat)
+            self._acquire()
+        except wire.ApiError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        rid = wire.new_id("chatcmpl" if chat else "cmpl")
+        progress = Progress(prompt_ids, params)
+        if req.stream:
+            return StreamingResponse(self._stream(rid, progress, chat),
+                                     media_type="text/event-stream")
+        try:
+            async for _ in self.orchestrator.run(rid, progress):
+                pass
+        finally:
+            self._release()
+        text = self.tokenizer.decode(progress.token_ids, skip_special_tokens=True)
+        choice = wire.choice(chat, text, progress.token_ids, progress.finish_reason)
+        return JSONResponse(wire.response(rid, chat, self.model_id, choice, self._totals(progress)))
+
+    async def _stream(self, rid: str, progress: Progress, chat: bool) -> AsyncIterator[str]:
+        text = TextStream(self.tokenizer)
+        try:
+            async for new in self.orchestrator.run(rid, progress):
+                choice = wire.choice(chat, text.add(new), new, None, delta=True)
+                yield wire.sse(wire.response(rid, chat, self.model_id, choice, chunk=True))
+            choice = wire.choice(chat, text.finish(), [], progress.finish_reason, delta=True)
+            yield wire.sse(wire.response(rid, chat, self.model_id, choice,
+                                         self._totals(progress), chunk=True))
+        except Exception as e:  # headers are sent: report in-band, as OpenAI does
+            log.exception("request %s failed mid-stream", rid)
+            yield wire.sse(wire.ApiError(500, str(e), "server_error").body())
+        finally:
+            self._release()
+        yield wire.sse("[DONE]")
+
+    def _totals(self, progress: Progress) -> dict:
+        return {"usage": wire.usage(len(progress.prompt_ids), len(progress.token_ids)),
+                "spec_decode": progress.stats.to_dict()}
+
+    def _acquire(self) -> None:
+        if self.in_flight >= self.args.limits.max_concurrent_requests:
+            raise wire.ApiError(503, f"the server is at its limit of "
+                                f"{self.args.limits.max_concurrent_requests} concurrent requests; "
+                                "retry later", "server_overloaded", code="too_many_requests")
+        self.in_flight += 1
+
+    def _release(self) -> None:
+        self.in_flight -= 1
+
+    # ---- validation -------------------------------------------------------------------------
+    async def _validate(self, request: Request, chat: bool):
+        try:
+            body = await request.json()
+        except ValueError:
+            raise wire.ApiError(400, "the body is not valid JSON", code="invalid_json") from None
+        req = wire.parse(wire.ChatRequest if chat else wire.CompletionRequest, body)
+        if req.model != self.model_id:
+            raise wire.ApiError(404, f"the model {req.model!r} does not exist; this server "
+                                f"serves {self.model_id!r}", param="model", code="model_not_found")
+        if req.n != 1:
+            raise wire.ApiError(400, "only n=1 is supported", param="n", code="invalid_value")
+        prompt_ids = self._encode(req, chat)
+        return req, prompt_ids, self._params(req)
+
+    def _encode(self, req, chat: bool) -> list[int]:
+        param = "messages" if chat else "prompt"
+        if chat:
+            if not any(m.content.strip() for m in req.messages):
+                raise wire.ApiError(400, "the messages are empty", param=param, code="empty_prompt")
+            messages = [m.model_dump() for m in req.messages]
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        elif isinstance(req.prompt, str):
+            if not req.prompt.strip():
+                raise wire.ApiError(400, "the prompt is empty", param=param, code="empty_prompt")
+            ids = self.tokenizer(req.prompt)["input_ids"]
+        else:
+            ids = list(req.prompt)
+        try:
+            check_prompt(ids, self.info)
+        except ValueError as e:
+            raise wire.ApiError(400, str(e), param=param, code="invalid_prompt") from None
+        return ids
+
+    def _params(self, req) -> GenerationParams:
+        limits = self.args.limits
+        max_tokens = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
+        max_tokens = limits.default_max_tokens if max_tokens is None else max_tokens
+        if not 1 <= max_tokens <= limits.max_tokens:
+            raise wire.ApiError(400, f"max_tokens must be in [1, {limits.max_tokens}], got "
+                                f"{max_tokens}", param="max_tokens", code="invalid_value")
+        if req.temperature < 0:
+            raise wire.ApiError(400, f"temperature must be >= 0, got {req.temperature}",
+                                param="temperature", code="invalid_value")
+        merged = {**self.args.speculative.model_dump(), **(req.speculative or {})}
+        spec = wire.parse(Speculative, merged, prefix="speculative.")
+        if spec.policy == "pacer" and self.args.preverifier is None:
+            raise wire.ApiError(400, "policy pacer needs a pre-verifier; this server has none",
+                                param="speculative.policy", code="invalid_value")
+        try:
+            return GenerationParams(max_tokens, req.temperature, req.seed,
+                                    SpecSettings(**spec.model_dump()))
+        except ValueError as e:
+            raise wire.ApiError(400, str(e), param="speculative", code="invalid_value") from None

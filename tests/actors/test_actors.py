@@ -1,0 +1,70 @@
+"""The actor classes run as plain objects here: same tokens as the engine, state freed."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.drafter import Commit, DrafterActor
+from actors.leases import Leases
+from actors.target import TargetActor
+from specdec.engine.engine import Engine, Progress
+from specdec.engine.loading import load_pair
+from specdec.engine.settings import GenerationParams
+from specdec.engine.workers import Draft
+
+
+def run_rounds(target: TargetActor, drafter: DrafterActor, prompt_ids, params) -> list[int]:
+    """The orchestrator's loop, synchronously: open, then draft -> verify -> settle."""
+    progress, rid = Progress(prompt_ids, params), "r1"
+    opened = target.open(rid, prompt_ids, params)
+    drafter.open(rid, prompt_ids, opened.features, params)
+    room, commit = opened.room, None
+    while progress.finish_reason is None:
+        draft = drafter.draft(rid, progress.limit(room), commit)
+        verified = target.verify(rid, draft)
+        progress.settle(draft, verified.result, room, target.info().eos_token_ids)
+        commit, room = Commit(verified.result, len(draft.tokens)), verified.room
+    target.close(rid)
+    drafter.close(rid)
+    return progress.token_ids
+
+
+@pytest.mark.parametrize("drafter_name", ["ngram", "block-drafter", "drafter"])
+def test_actors_give_engine_tokens(tiny_llama, drafter_name):
+    ref = "ngram" if drafter_name == "ngram" else tiny_llama[drafter_name]
+    target = TargetActor(tiny_llama["target"], ref, "float64")
+    drafter = DrafterActor(ref, tiny_llama["target"], dtype="float64")
+    pair = load_pair(tiny_llama["target"], ref, dtype="float64")
+    ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
+    params = GenerationParams(max_new_tokens=30)
+    assert run_rounds(target, drafter, ids, params) == \
+        Engine(pair.target, pair.drafter).generate(ids, params).token_ids
+    assert target.active() == [] and drafter.active() == []
+
+
+def test_an_error_frees_the_request(tiny_llama):
+    target = TargetActor(tiny_llama["target"], "ngram", "float64")
+    target.open("r", [1, 2, 3], GenerationParams())
+    with pytest.raises((IndexError, RuntimeError, ValueError)):
+        target.verify("r", Draft([10**6], None))  # a token outside the vocabulary
+    assert target.active() == []
+
+
+def test_idle_requests_are_swept(tiny_llama):
+    now = [0.0]
+    target = TargetActor(tiny_llama["target"], "ngram", "float64", idle_ttl_s=5.0)
+    target.leases = Leases(5.0, clock=lambda: now[0])
+    target.open("old", [1, 2, 3], GenerationParams())
+    now[0] = 10.0
+    target.open("new", [1, 2, 3], GenerationParams())  # opening sweeps the idle ones
+    assert target.active() == ["new"]
+
+
+def test_actor_sets_its_torch_threads(tiny_llama):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert TargetActor(tiny_llama["target"], threads=2).info().threads == 2
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,71 @@
+"""Concurrency, the concurrency limit, and cancellation: no per-request state is left behind."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from tests.cluster.conftest import LIMIT
+
+PROMPTS = [f"request {i}: " + "ab" * i for i in range(8)]
+
+
+def active(served) -> dict:
+    return requests.get(f"{served}/debug/active", timeout=10).json()
+
+
+def wait_idle(served, within_s: float = 10.0) -> dict:
+    deadline = time.monotonic() + within_s
+    while (state := active(served)) != {"target": [], "drafter": []} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return state
+
+
+def streamed_tokens(client, prompt: str, max_tokens: int = 48) -> list[int]:
+    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                       stream=True)
+    return sum((c.choices[0].model_extra["token_ids"] for c in stream), [])
+
+
+def test_concurrent_streams_equal_sequential(served, client):
+    sequential = [streamed_tokens(client, p) for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        concurrent = list(pool.map(lambda p: streamed_tokens(client, p), PROMPTS))
+    assert concurrent == sequential
+    assert wait_idle(served) == {"target": [], "drafter": []}
+
+
+def open_stream(served, max_tokens: int = 500) -> requests.Response:
+    body = {"model": "tiny", "prompt": "slow", "max_tokens": max_tokens, "stream": True}
+    r = requests.post(f"{served}/v1/completions", json=body, stream=True, timeout=60)
+    assert r.status_code == 200
+    assert r.raw.read(16).startswith(b"data: ")  # the first round has arrived
+    return r
+
+
+def test_disconnect_mid_stream_frees_state(served):
+    r = open_stream(served)
+    assert len(active(served)["target"]) == 1
+    r.close()  # the client goes away mid-stream
+    assert wait_idle(served) == {"target": [], "drafter": []}
+
+
+def test_over_the_limit_is_503_then_recovers(served):
+    streams = [open_stream(served) for _ in range(LIMIT)]
+    try:
+        r = requests.post(f"{served}/v1/completions",
+                          json={"model": "tiny", "prompt": "x", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and "concurrent" in r.json()["error"]["message"]
+    finally:
+        for s in streams:
+            s.close()
+    assert wait_idle(served) == {"target": [], "drafter": []}
+    deadline = time.monotonic() + 10
+    while requests.get(f"{served}/health", timeout=10).json()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    r = requests.post(f"{served}/v1/completions",
+                      json={"model": "tiny", "prompt": "x", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200
+
