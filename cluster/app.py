@@ -17,6 +17,7 @@ from ray import serve
 
 from actors.drafter import DrafterActor
 from actors.target import TargetActor
+from cluster.metrics import ServeMetrics
 from cluster.schema import Resources, ServeArgs
 from cluster.server import Server
 from cluster.tiny import materialise
@@ -49,7 +50,11 @@ def resolve_references(args: ServeArgs) -> ServeArgs:
 
 
 class ServedServer(Server):
-    """``Server`` as a Serve ingress: Serve calls this hook on the replica after ``__init__``."""
+    """``Server`` as a Serve ingress, observed by Ray metrics. Serve calls the ASGI hook on the
+    replica after ``__init__``."""
+
+    def __init__(self, args: dict, spawn):
+        super().__init__(args, spawn, observer=ServeMetrics(args["model_id"]))
 
     def __serve_build_asgi_app__(self):
         return self.asgi_app()

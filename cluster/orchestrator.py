@@ -23,7 +23,7 @@ class Orchestrator:
         self.target = target  # Ray actor handle of a TargetActor
         self.drafter = drafter  # Ray actor handle of a DrafterActor, or None (plain decoding)
         self.eos = eos_token_ids
-        self.observer = observer  # optional: observer.round(draft, result, seconds)
+        self.observer = observer  # optional: .round(draft, result, seconds), .finished(progress)
 
     async def run(self, rid: str, progress: Progress) -> AsyncIterator[list[int]]:
         """Yield each round's newly committed tokens; state is freed in both actors however the
@@ -46,6 +46,8 @@ class Orchestrator:
         finally:
             self.close(rid)
             progress.stats.total_s = time.perf_counter() - t0
+            if self.observer is not None:
+                self.observer.finished(progress)
 
     async def _open(self, rid: str, progress: Progress) -> int:
         opened = await self.target.open.remote(rid, progress.prompt_ids, progress.params)

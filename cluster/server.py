@@ -49,6 +49,7 @@ class Server:
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
         app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         app.add_api_route("/debug/active", self.active, methods=["GET"])
+        app.add_api_route("/debug/metrics", self.metrics, methods=["GET"])
         return app
 
     async def health(self) -> dict:
@@ -69,6 +70,11 @@ class Server:
         """Request ids holding state in each actor (for tests and operators)."""
         drafter = [] if self.drafter is None else await self.drafter.active.remote()
         return {"target": await self.target.active.remote(), "drafter": drafter}
+
+    async def metrics(self) -> dict:
+        """Running totals of the metrics this replica exported (Prometheus has the rest)."""
+        observer = self.orchestrator.observer
+        return observer.snapshot() if observer is not None else {}
 
     # ---- one request ------------------------------------------------------------------------
     async def _serve(self, request: Request, chat: bool):

@@ -74,3 +74,14 @@ def test_raw_stream_ends_with_done(served):
         lines = [line for line in r.iter_lines(decode_unicode=True) if line]
     assert r.headers["content-type"].startswith("text/event-stream")
     assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+
+
+def test_metrics_count_every_round(served, client):
+    before = requests.get(f"{served}/debug/metrics", timeout=10).json()
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24)
+    after = requests.get(f"{served}/debug/metrics", timeout=10).json()
+    stats = out.model_extra["spec_decode"]
+    for key in ("rounds", "drafted", "accepted"):
+        assert after.get(key, 0) - before.get(key, 0) == stats[key], key
+    assert after["requests"] - before.get("requests", 0) == 1
+    assert after["committed"] - before.get("committed", 0) >= stats["committed"]
