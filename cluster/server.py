@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from transformers import AutoTokenizer
 
 from cluster import protocol as wire
@@ -38,7 +39,7 @@ class Server:
         self.orchestrator = Orchestrator(self.target, self.drafter, self.info.eos_token_ids,
                                          observer)
         self.model_id = self.args.served_model_id
-        self.in_flight = 0
+        self.slots: set[str] = set()  # request ids holding a concurrency slot
 
     # ---- routes -----------------------------------------------------------------------------
     def asgi_app(self) -> FastAPI:
@@ -53,7 +54,7 @@ class Server:
         return app
 
     async def health(self) -> dict:
-        return {"status": "ok", "model": self.model_id, "in_flight": self.in_flight}
+        return {"status": "ok", "model": self.model_id, "in_flight": len(self.slots)}
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model",
@@ -80,19 +81,22 @@ class Server:
     async def _serve(self, request: Request, chat: bool):
         try:
             req, prompt_ids, params = await self._validate(request, chat)
-            self._acquire()
+            rid = wire.new_id("chatcmpl" if chat else "cmpl")
+            self._acquire(rid)
         except wire.ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
-        rid = wire.new_id("chatcmpl" if chat else "cmpl")
         progress = Progress(prompt_ids, params)
         if req.stream:
+            # The slot is freed by the stream's end, or by the background task when a client
+            # leaves before the first byte (the stream body then never starts).
             return StreamingResponse(self._stream(rid, progress, chat),
-                                     media_type="text/event-stream")
+                                     media_type="text/event-stream",
+                                     background=BackgroundTask(self._release, rid))
         try:
             async for _ in self.orchestrator.run(rid, progress):
                 pass
         finally:
-            self._release()
+            self._release(rid)
         text = self.tokenizer.decode(progress.token_ids, skip_special_tokens=True)
         choice = wire.choice(chat, text, progress.token_ids, progress.finish_reason)
         return JSONResponse(wire.response(rid, chat, self.model_id, choice, self._totals(progress)))
@@ -110,22 +114,22 @@ class Server:
             log.exception("request %s failed mid-stream", rid)
             yield wire.sse(wire.ApiError(500, str(e), "server_error").body())
         finally:
-            self._release()
+            self._release(rid)
         yield wire.sse("[DONE]")
 
     def _totals(self, progress: Progress) -> dict:
         return {"usage": wire.usage(len(progress.prompt_ids), len(progress.token_ids)),
                 "spec_decode": progress.stats.to_dict()}
 
-    def _acquire(self) -> None:
-        if self.in_flight >= self.args.limits.max_concurrent_requests:
+    def _acquire(self, rid: str) -> None:
+        if len(self.slots) >= self.args.limits.max_concurrent_requests:
             raise wire.ApiError(503, f"the server is at its limit of "
                                 f"{self.args.limits.max_concurrent_requests} concurrent requests; "
                                 "retry later", "server_overloaded", code="too_many_requests")
-        self.in_flight += 1
+        self.slots.add(rid)
 
-    def _release(self) -> None:
-        self.in_flight -= 1
+    def _release(self, rid: str) -> None:
+        self.slots.discard(rid)  # idempotent: the stream and its background task both call it
 
     # ---- validation -------------------------------------------------------------------------
     async def _validate(self, request: Request, chat: bool):
