@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export SPECDEC_HOME ?= $(CURDIR)/.specdec
 
-.PHONY: setup test serve lint demo clean
+.PHONY: setup test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny
 
 setup: $(STAMP)
 
@@ -26,6 +26,37 @@ test: setup
 SERVE_CONFIG ?= configs/serve/local.yaml
 serve: setup
 	RAY_AUTH_MODE=disabled $(BIN)/python -m cluster.serve_local $(SERVE_CONFIG)
+
+# ---- training pipelines (issue #4; docs/PIPELINES.md) ----------------------------------------
+RAY_PORT       ?= 6390
+DASHBOARD_PORT ?= 8265
+MLFLOW_PORT    ?= 5000
+SPECDEC_TINY   ?= $(SPECDEC_HOME)/tiny-models
+TRAIN_JOBS     := corpus train_drafter simulate train_preverifier evaluate
+
+# A local Ray head for `ray job submit` (token auth off, as DESIGN.md says for local clusters);
+# jobs inherit PATH (so `python` is the venv's) and SPECDEC_HOME.
+cluster: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH RAY_AUTH_MODE=disabled $(BIN)/ray start --head \
+		--port=$(RAY_PORT) --dashboard-host=127.0.0.1 --dashboard-port=$(DASHBOARD_PORT) \
+		--include-dashboard=true
+	@echo "submit: RAY_AUTH_MODE=disabled $(BIN)/ray job submit --address http://127.0.0.1:$(DASHBOARD_PORT) --working-dir . -- python -m pipelines.corpus --config configs/train/corpus.yaml"
+
+# Note: `ray stop` stops every Ray process of this user on the machine.
+cluster-stop:
+	RAY_AUTH_MODE=disabled $(BIN)/ray stop
+
+mlflow-ui: setup
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(SPECDEC_HOME)/mlflow.db \
+		--default-artifact-root $(SPECDEC_HOME)/mlartifacts --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+# The whole chain on the tiny random pair (a smoke run, about 3 minutes on 2 cores).
+pipelines-tiny: setup
+	$(BIN)/specdec models tiny $(SPECDEC_TINY)
+	for job in $(TRAIN_JOBS); do \
+		SPECDEC_TINY=$(SPECDEC_TINY) RAY_AUTH_MODE=disabled $(BIN)/python -m pipelines.$$job \
+			--config configs/train/tiny/$$job.yaml || exit 1; \
+	done
 
 lint: setup
 	$(BIN)/ruff check specdec actors cluster pipelines tests

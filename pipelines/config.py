@@ -1,0 +1,112 @@
+"""Strict job configs: pydantic models with ``extra="forbid"``, loaded from YAML.
+
+Every job has one schema; an unknown or misspelt key fails at load time with the file and the
+key's dotted path in the message, before any model loads. Strings may use ``$VAR`` / ``${VAR}``
+(expanded from the environment), so the tiny configs can point at models built at test time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from specdec.models.sources import NAMED_SOURCES, specdec_home
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MlflowSettings(Strict):
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///$SPECDEC_HOME/mlflow.db
+    experiment: str = "specdec"
+    run_name: str | None = None
+    register_model: bool = True  # register the trained model in the MLflow registry
+    model_name: str | None = None  # default: <target>-block-drafter / <target>-preverifier
+    champion: bool = False  # move the alias ``champion`` to the new version
+
+
+class Scaling(Strict):
+    num_workers: int = 0  # 0 runs the train loop in the driver (fast tests)
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    max_failures: int = 0  # FailureConfig: worker-group restarts from the last checkpoint
+    torch_threads: int = 2
+
+
+C = TypeVar("C", bound=BaseModel)
+
+
+_VAR = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+def _expand(value, key: str = ""):
+    """Expand $VAR / ${VAR} in strings ($SPECDEC_HOME defaults to specdec's home); an unset
+    variable is an error naming the key."""
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{key}.{i}") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+    env = {"SPECDEC_HOME": str(specdec_home()), **os.environ}
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in env:
+            raise ValueError(f"{key}: environment variable ${name} is not set")
+        return env[name]
+
+    return _VAR.sub(sub, value)
+
+
+def describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        what = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {key}: {what}")
+    return f"invalid config {source}:\n" + "\n".join(lines)
+
+
+def parse_config(schema: type[C], data: dict, source: str = "<dict>") -> C:
+    if not isinstance(data, dict):
+        raise ValueError(f"config {source} must be a mapping, got {type(data).__name__}")
+    try:
+        return schema.model_validate(_expand(data))
+    except ValidationError as err:  # (a ValueError too: caught first)
+        raise ValueError(describe(err, source)) from None
+    except ValueError as err:
+        raise ValueError(f"invalid config {source}: {err}") from None
+
+
+def load_config(schema: type[C], path: str | Path) -> C:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"config {path} is not valid YAML: {err}") from None
+    return parse_config(schema, data, str(path))
+
+
+def cli_config(schema: type[C], argv=None, description: str = "") -> C:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="YAML file for this job")
+    return load_config(schema, parser.parse_args(argv).config)
+
+
+def target_name(ref: str) -> str:
+    """A short name for registered models: the named source, or the directory's name."""
+    return ref if ref in NAMED_SOURCES else Path(ref).name or "target"
+
+
+def default_output(job: str) -> Path:
+    return specdec_home() / "pipelines" / job

@@ -1,0 +1,27 @@
+"""The training jobs by name: module and config schema (the config test parses every YAML under
+configs/train against the schema its file name selects)."""
+
+from __future__ import annotations
+
+from pipelines.corpus import CorpusConfig
+from pipelines.evaluate import EvaluateConfig
+from pipelines.simulate import SimulateConfig
+from pipelines.train_drafter import TrainDrafterConfig
+from pipelines.train_preverifier import TrainPreVerifierConfig
+
+SCHEMAS = {
+    "corpus": CorpusConfig,
+    "train_drafter": TrainDrafterConfig,
+    "simulate": SimulateConfig,
+    "train_preverifier": TrainPreVerifierConfig,
+    "evaluate": EvaluateConfig,
+}
+
+
+def schema_for(filename_stem: str):
+    """``train_drafter`` or ``train_drafter.dflash`` -> TrainDrafterConfig."""
+    job = filename_stem.split(".")[0]
+    if job not in SCHEMAS:
+        raise ValueError(f"no job named {job!r} (from file {filename_stem!r}); "
+                         f"jobs: {sorted(SCHEMAS)}")
+    return SCHEMAS[job]

@@ -1,0 +1,131 @@
+"""Job: simulate speculative decoding over prompts and record every drafted token (Parquet).
+
+A Ray Data actor pool (each actor holds the target and the drafter; ``num_gpus`` from config)
+runs ``specdec.training.simulation.simulate_request`` over the prompts of a corpus split and
+writes one row per drafted token: the drafter's hidden state, the position in the draft, the
+PACER block index, the target's greedy token, the regret, and the label (accepted or not under
+the configured verifier). ``pipelines.train_preverifier`` trains on it. Schema: docs/PIPELINES.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from pipelines.config import MlflowSettings, Strict, cli_config, default_output
+from pipelines.corpus import SCHEMA as CORPUS_SCHEMA
+from pipelines.corpus import check_tokenizer
+from pipelines.pools import ActorSettings, map_prompts
+from pipelines.tables import read_table, write_table
+
+SCHEMA = pa.schema([
+    ("request", pa.string()),  # corpus row id
+    ("step", pa.int32()),  # round index within the request
+    ("position", pa.int32()),  # position in the draft, 0-based
+    ("block", pa.int32()),  # PACER block index = position // pacer_block
+    ("token", pa.int32()),  # drafted token x_i
+    ("greedy", pa.int32()),  # target's greedy token y*_i
+    ("regret", pa.float32()),  # z_i(y*_i) - z_i(x_i), raw logits
+    ("accepted", pa.int8()),  # 1 = accepted by the configured verifier
+    ("hidden", pa.list_(pa.float32())),  # [D] drafter hidden state
+])
+
+
+class VerifierSettings(Strict):
+    name: Literal["strict", "asd"] = "strict"
+    budget: float = 0.0  # ASD B
+    gate: float = 0.25  # ASD g
+    max_exceptions: int = 2  # ASD M
+
+    def params(self) -> dict:
+        if self.name == "strict":
+            return {}
+        return dict(budget=self.budget, gate=self.gate, max_exceptions=self.max_exceptions)
+
+
+class SimulateConfig(Strict):
+    target: str = "smollm2-135m"
+    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    drafter: str  # block-drafter directory or models:/NAME@ALIAS
+    prompts: str  # a corpus split (Parquet)
+    limit: int | None = None  # prompts to use
+    max_new_tokens: int = Field(64, ge=1)
+    draft_len: int | None = None  # default: the drafter's whole block
+    pacer_block: int = Field(4, ge=1)
+    verifier: VerifierSettings = VerifierSettings()
+    actors: ActorSettings = ActorSettings()
+    out: str | None = None  # default $SPECDEC_HOME/pipelines/simulate/steps.parquet
+    mlflow: MlflowSettings = MlflowSettings()
+
+    def output(self) -> Path:
+        return Path(self.out) if self.out else default_output("simulate") / "steps.parquet"
+
+
+class Simulator:
+    """A Ray Data callable class: holds the pair, simulates SD for each prompt in a batch."""
+
+    def __init__(self, config: dict, drafter_dir: str):
+        import torch
+
+        from specdec.algorithms.verify import make_verifier
+        from specdec.engine.loading import load_pair
+
+        self.cfg = SimulateConfig.model_validate(config)
+        torch.set_num_threads(self.cfg.actors.torch_threads)
+        self.pair = load_pair(self.cfg.target, drafter_dir, dtype=self.cfg.dtype)
+        self.verifier = make_verifier(self.cfg.verifier.name, **self.cfg.verifier.params())
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from specdec.training.simulation import simulate_request
+
+        cfg, rows = self.cfg, []
+        draft_len = cfg.draft_len or self.pair.drafter.max_draft_len
+        for rid, prompt in zip(batch.column("id").to_pylist(),
+                               batch.column("prompt_ids").to_pylist(), strict=True):
+            records = simulate_request(self.pair.target, self.pair.drafter, self.verifier,
+                                       prompt, cfg.max_new_tokens, draft_len, cfg.pacer_block)
+            rows += [dict(request=rid, **r.__dict__) for r in records]
+        return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def load_prompts(path: str, limit: int | None) -> list[dict]:
+    table = read_table(path, CORPUS_SCHEMA, "simulate.prompts")
+    rows = table.select(["id", "prompt_ids"]).to_pylist()[:limit]
+    return [r for r in rows if len(r["prompt_ids"]) >= 2]
+
+
+def run(cfg: SimulateConfig) -> Path:
+    import mlflow
+
+    from pipelines.tracking import log_params, start_run
+    from specdec.models.block_drafter import BlockDrafter
+    from specdec.models.registry import resolve_model_ref
+
+    prompts = load_prompts(cfg.prompts, cfg.limit)  # fails fast on a bad file
+    check_tokenizer(cfg.prompts, cfg.target, "simulate.prompts")
+    drafter_dir = resolve_model_ref(cfg.drafter, cfg.mlflow.tracking_uri)
+    if not BlockDrafter.is_checkpoint(drafter_dir):
+        raise FileNotFoundError(f"simulate.drafter {cfg.drafter!r} is not a block-drafter checkpoint")
+    with start_run(cfg.mlflow, "simulate"):
+        log_params(cfg.model_dump())
+        table = map_prompts(prompts, Simulator, {"config": cfg.model_dump(),
+                                                 "drafter_dir": drafter_dir}, cfg.actors, SCHEMA)
+        meta = {"specdec.drafter": cfg.drafter, "specdec.verifier": json.dumps(cfg.verifier.params()
+                                                                              | {"name": cfg.verifier.name})}
+        path = write_table(table, cfg.output(), meta)
+        accepted = table.column("accepted").to_pylist()
+        mlflow.log_metrics({"prompts": len(prompts), "drafted_tokens": table.num_rows,
+                            "acceptance_rate": sum(accepted) / max(1, len(accepted))})
+    return path
+
+
+def main(argv=None) -> None:
+    print(run(cli_config(SimulateConfig, argv, "Simulate SD and label drafted tokens.")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Parquet I/O with schema checks: a missing file, a file that is not Parquet, or a missing or
+mistyped column fails with the file and the column named, before any long work starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def read_table(path: str | Path, schema: pa.Schema, what: str) -> pa.Table:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: Parquet file {path} does not exist")
+    try:
+        found = pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{what}: {path} is not a readable Parquet file ({err})") from None
+    for field in schema:
+        if field.name not in found.names:
+            raise ValueError(f"{what}: {path} has no column {field.name!r} "
+                             f"(columns: {found.names})")
+        got = found.field(field.name).type
+        if not got.equals(field.type):
+            raise ValueError(f"{what}: column {field.name!r} of {path} is {got}, "
+                             f"expected {field.type}")
+    return pq.read_table(path, columns=schema.names)
+
+
+def metadata(path: str | Path) -> dict[str, str]:
+    meta = pq.read_schema(path).metadata or {}
+    return {k.decode(): v.decode() for k, v in meta.items()}
+
+
+def write_table(table: pa.Table, path: str | Path, meta: dict[str, str] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if meta:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    pq.write_table(table, path)
+    return path

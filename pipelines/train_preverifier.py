@@ -1,0 +1,214 @@
+"""Job: train PACER's pre-verifier on simulated SD steps (Parquet from ``pipelines.simulate``).
+
+Rows are grouped into steps (one round's draft, by request and step, ordered by position),
+requests are split into train and held-out by a hash of their id (a request never straddles
+the split), steps are packed whole into sequences (``specdec.training.preverifier_data``) and
+a ``PreVerifier`` is trained with binary cross-entropy in a Ray Train ``TorchTrainer``. At the
+end it reports loss, accuracy, AUC and ECE on the held-out split, with a calibration plot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+from tqdm import tqdm
+
+from pipelines.config import (
+    MlflowSettings,
+    Scaling,
+    Strict,
+    cli_config,
+    default_output,
+    target_name,
+)
+from pipelines.simulate import SCHEMA as STEPS_SCHEMA
+from pipelines.tables import read_table
+
+
+class PreVerifierSettings(Strict):
+    width: int = 64
+    heads: int = 4
+    max_positions: int = 64
+    use_position: bool = True
+
+
+class TrainPreVerifierConfig(Strict):
+    target: str = "smollm2-135m"  # only names the registered model
+    data: str  # steps.parquet from pipelines.simulate
+    run_dir: str | None = None
+    model: PreVerifierSettings = PreVerifierSettings()
+    heldout_percent: float = Field(20.0, ge=0, lt=100)
+    pack_len: int = Field(64, ge=1)
+    batch_size: int = Field(16, ge=1)  # packed sequences per step
+    steps: int = Field(200, ge=1)
+    lr: float = 1e-3
+    seed: int = 0
+    dtype: Literal["float32"] = "float32"
+    scaling: Scaling = Scaling()
+    mlflow: MlflowSettings = MlflowSettings()
+
+    def output(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else default_output("train_preverifier")
+
+
+def heldout(request: str, percent: float) -> bool:
+    return int(hashlib.sha1(request.encode()).hexdigest()[:8], 16) % 10000 < percent * 100
+
+
+def load_steps(path: str, percent: float):
+    """-> (train steps, held-out steps) as lists of ``Step``."""
+    from specdec.training.preverifier_data import Step
+
+    table = read_table(path, STEPS_SCHEMA, "train_preverifier.data").sort_by(
+        [("request", "ascending"), ("step", "ascending"), ("position", "ascending")])
+    if table.num_rows == 0:
+        raise ValueError(f"train_preverifier.data: {path} has no rows")
+    cols = {name: table.column(name).to_pylist() for name in ("request", "step", "accepted")}
+    hidden = torch.tensor(table.column("hidden").to_pylist(), dtype=torch.float32)  # [rows, D]
+    train, held, start = [], [], 0
+    for i in range(1, table.num_rows + 1):
+        key = (cols["request"][start], cols["step"][start])
+        if i < table.num_rows and (cols["request"][i], cols["step"][i]) == key:
+            continue
+        step = Step(hidden[start:i], torch.tensor(cols["accepted"][start:i], dtype=torch.float32))
+        (held if heldout(key[0], percent) else train).append(step)
+        start = i
+    return train, held
+
+
+def evaluate(net, packed) -> dict:
+    from specdec.training.calibration import accuracy, auc, ece
+
+    net.eval()
+    with torch.no_grad():
+        logits = net(packed.hidden, packed.positions, packed.step_ids)[packed.valid]
+    labels = packed.labels[packed.valid]
+    probs = torch.sigmoid(logits)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    net.train()
+    return {"loss": float(loss), "accuracy": accuracy(probs, labels), "auc": auc(probs, labels),
+            "ece": ece(probs, labels), "positive_rate": float(labels.mean())}
+
+
+def train_loop(loop_cfg: dict) -> None:
+    import mlflow
+    import ray.train
+
+    from specdec.models.preverifier import PreVerifier, PreVerifierConfig
+    from specdec.training.preverifier_data import pack_steps
+
+    cfg = TrainPreVerifierConfig.model_validate(loop_cfg["config"])
+    torch.set_num_threads(cfg.scaling.torch_threads)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent)
+    train = pack_steps(train_steps[rank::world], cfg.pack_len)
+    held = pack_steps(held_steps or train_steps, cfg.pack_len)
+    m = cfg.model
+    torch.manual_seed(cfg.seed)
+    net = PreVerifier(PreVerifierConfig(input_size=train.hidden.shape[-1], width=m.width,
+                                        heads=m.heads, max_positions=m.max_positions,
+                                        use_position=m.use_position)).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed + rank)
+    client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
+    for step in tqdm(range(cfg.steps), desc="train_preverifier", disable=rank != 0, mininterval=5):
+        rows = torch.randint(train.hidden.shape[0], (cfg.batch_size,), generator=gen)
+        logits = net(train.hidden[rows], train.positions[rows], train.step_ids[rows])
+        valid = train.valid[rows]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[valid],
+                                                                   train.labels[rows][valid])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if world > 1:
+            for p in net.parameters():
+                if p.grad is not None:
+                    torch.distributed.all_reduce(p.grad)
+                    p.grad /= world
+        opt.step()
+        if client is not None:
+            client.log_metric(loop_cfg["run_id"], "train_loss", float(loss.detach()), step=step + 1)
+    report(net, evaluate(net, held), rank)
+
+
+def report(net, metrics: dict, rank: int) -> None:
+    import ray.train
+
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    out = Path(tempfile.mkdtemp(prefix="preverifier-"))
+    net.eval().save(out / "preverifier")
+    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(out))
+
+
+def calibration_plot(cfg: TrainPreVerifierConfig, model_dir: Path):
+    from pipelines.plots import calibration_figure
+    from specdec.models.preverifier import PreVerifier
+    from specdec.training.calibration import calibration_bins
+    from specdec.training.preverifier_data import pack_steps
+
+    train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent)
+    packed = pack_steps(held_steps or train_steps, cfg.pack_len)
+    net = PreVerifier.load(model_dir)
+    with torch.no_grad():
+        probs = torch.sigmoid(net(packed.hidden, packed.positions, packed.step_ids))[packed.valid]
+    mean_pred, rate, count = calibration_bins(probs, packed.labels[packed.valid])
+    keep = count > 0
+    return calibration_figure(mean_pred[keep].tolist(), rate[keep].tolist(), "pre-verifier")
+
+
+def run(cfg: TrainPreVerifierConfig) -> dict:
+    import shutil
+
+    import mlflow
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from pipelines.plots import loss_figure
+    from pipelines.pools import ensure_ray
+    from pipelines.tracking import log_figure, log_params, register, start_run, tracking_uri
+
+    load_steps(cfg.data, cfg.heldout_percent)  # fail fast on a bad file, before Ray
+    with start_run(cfg.mlflow, "train_preverifier") as run_:
+        log_params(cfg.model_dump())
+        ensure_ray()
+        s = cfg.scaling
+        result = TorchTrainer(
+            train_loop,
+            train_loop_config={"config": cfg.model_dump(), "run_id": run_.info.run_id,
+                               "tracking_uri": tracking_uri(cfg.mlflow)},
+            scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
+                                         resources_per_worker={"CPU": s.cpus_per_worker}),
+            run_config=RunConfig(name=f"train_preverifier-{run_.info.run_id[:8]}",
+                                 storage_path=str((cfg.output() / "ray").absolute()),
+                                 failure_config=FailureConfig(max_failures=s.max_failures)),
+        ).fit()
+        if result.error:
+            raise result.error
+        final = cfg.output() / f"preverifier-{run_.info.run_id[:8]}"
+        with result.checkpoint.as_directory() as done:
+            shutil.copytree(Path(done) / "preverifier", final, dirs_exist_ok=True)
+        held = {f"heldout_{k}": v for k, v in result.metrics.items() if isinstance(v, float)}
+        mlflow.log_metrics(held)
+        mlflow.log_artifacts(str(final), artifact_path="preverifier")
+        log_figure(calibration_plot(cfg, final), "calibration")
+        history = mlflow.MlflowClient().get_metric_history(run_.info.run_id, "train_loss")
+        log_figure(loss_figure(history, "pre-verifier (BCE)"), "loss")
+        uri = register(cfg.mlflow, f"{target_name(cfg.target)}-preverifier", run_, "preverifier")
+    return {"preverifier": str(final), "model_uri": uri, "metrics": held,
+            "run_id": run_.info.run_id}
+
+
+def main(argv=None) -> None:
+    out = run(cli_config(TrainPreVerifierConfig, argv, "Train the PACER pre-verifier."))
+    print(f"preverifier: {out['preverifier']}\nregistered: {out['model_uri']}\n{out['metrics']}")
+
+
+if __name__ == "__main__":
+    main()

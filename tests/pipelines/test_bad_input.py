@@ -1,0 +1,30 @@
+"""Bad input fails with the file or column named, before any long work starts."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pipelines import simulate, train_preverifier
+from pipelines.tables import read_table, write_table
+
+
+def test_missing_parquet_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+        simulate.load_prompts(str(tmp_path / "nope.parquet"), None)
+
+
+def test_malformed_parquet_is_named(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    with pytest.raises(ValueError, match="bad.parquet is not a readable Parquet"):
+        train_preverifier.load_steps(str(bad), 20)
+
+
+def test_schema_mismatch_names_the_column(tmp_path):
+    path = write_table(pa.table({"id": ["a"], "prompt_ids": [[1.5, 2.5]]}), tmp_path / "p.parquet")
+    with pytest.raises(ValueError, match="no column 'source'"):
+        simulate.load_prompts(str(path), None)
+    schema = pa.schema([("prompt_ids", pa.list_(pa.int32()))])
+    with pytest.raises(ValueError, match="column 'prompt_ids' .* expected list<item: int32>"):
+        read_table(path, schema, "test")

@@ -1,0 +1,100 @@
+"""The whole chain on the tiny pair, through Ray: corpus -> train_drafter -> simulate ->
+train_preverifier -> evaluate; then the registered champion drafter is loaded from the MLflow
+registry into the engine and must reproduce the target's greedy output exactly."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pipelines import corpus, evaluate, simulate, train_drafter, train_preverifier
+from specdec.engine.engine import Engine
+from specdec.engine.loading import load_pair
+from specdec.engine.settings import GenerationParams
+from specdec.models.registry import resolve_model_ref
+from tests.pipelines.conftest import config
+
+ACTORS = {"size": 1, "num_cpus": 1, "torch_threads": 1}
+
+
+@pytest.fixture(scope="module")
+def chain(ray_session, store, tiny_llama):
+    root, target = store["root"], tiny_llama["target"]
+    out = {"target": target}
+    out["corpus"] = corpus.run(config(
+        corpus.CorpusConfig, store, target=target, out_dir=str(root / "corpus"),
+        max_conversations=40, max_tokens=160, max_prompt_tokens=440, humaneval_limit=6,
+        benchmark_percent=10, dev_percent=10))
+    out["drafter"] = train_drafter.run(config(
+        train_drafter.TrainDrafterConfig, store, target=target,
+        corpus=str(out["corpus"]["train"]), run_dir=str(root / "drafter"),
+        drafter={"block_size": 6, "num_taps": 2}, steps=6, batch_size=2,
+        anchors_per_sequence=6, max_seq_len=96, checkpoint_every=3, lr=3e-3,
+        scaling={"num_workers": 0, "torch_threads": 1}, mlflow={"champion": True}))
+    out["steps"] = simulate.run(config(
+        simulate.SimulateConfig, store, target=target, dtype="float64",
+        drafter="models:/target-block-drafter@champion", prompts=str(out["corpus"]["train"]),
+        limit=3, max_new_tokens=16, actors=ACTORS, out=str(root / "sim" / "steps.parquet")))
+    out["preverifier"] = train_preverifier.run(config(
+        train_preverifier.TrainPreVerifierConfig, store, target=target, data=str(out["steps"]),
+        run_dir=str(root / "preverifier"), steps=10, pack_len=10, heldout_percent=30,
+        model={"width": 16, "heads": 2, "max_positions": 8},
+        scaling={"num_workers": 0, "torch_threads": 1}, mlflow={"champion": True}))
+    out["evaluate"] = evaluate.run(config(
+        evaluate.EvaluateConfig, store, target=target, dtype="float64",
+        drafter="models:/target-block-drafter@champion",
+        preverifier="models:/target-preverifier@champion",
+        prompts=str(out["corpus"]["benchmark"]), limit=2, max_new_tokens=12, fixed_gammas=[3],
+        pacer={"max_draft": 5},
+        sweep={"prompts": str(out["corpus"]["dev"]), "limit": 1, "block_sizes": [2],
+               "thresholds": [0.5], "growths": [1.0, 1.2]},
+        actors=ACTORS))
+    return out
+
+
+def test_corpus_splits_keep_benchmark_out_of_training(chain):
+    tables = {s: pq.read_table(p) for s, p in chain["corpus"].items()}
+    assert tables["train"].num_rows > 0 and tables["benchmark"].num_rows > 0
+    train_ids = set(tables["train"].column("id").to_pylist())
+    assert not train_ids & set(tables["benchmark"].column("id").to_pylist())
+    assert not train_ids & set(tables["dev"].column("id").to_pylist())
+    assert "humaneval" not in set(tables["train"].column("source").to_pylist())
+
+
+def test_simulation_rows_and_preverifier_metrics(chain):
+    steps = pq.read_table(chain["steps"])
+    assert steps.num_rows > 0 and set(steps.column("accepted").to_pylist()) <= {0, 1}
+    metrics = chain["preverifier"]["metrics"]
+    assert {"heldout_loss", "heldout_accuracy", "heldout_auc", "heldout_ece"} <= set(metrics)
+
+
+def test_evaluation_reports_acceptance_and_picks_pacer_defaults(chain):
+    out = chain["evaluate"]
+    assert out["pacer_defaults"]["policy"] == "pacer"
+    for agg in out["benchmark"].values():
+        assert agg["mean_accepted_length"] >= 1.0
+        assert all(0.0 <= a <= 1.0 for a in agg["acceptance_at"])
+
+
+def test_champion_from_the_registry_is_lossless_in_the_engine(chain, store):
+    drafter_dir = resolve_model_ref("models:/target-block-drafter@champion",
+                                    store["tracking_uri"], store["root"] / "dl")
+    pre_dir = resolve_model_ref("models:/target-preverifier@champion",
+                                store["tracking_uri"], store["root"] / "dl")
+    pair = load_pair(chain["target"], drafter_dir, pre_dir, dtype="float64")
+    plain = Engine(pair.target)
+    spec = Engine(pair.target, pair.drafter, pair.preverifier)
+    prompt = list(b"def fib(n):\n    ")
+    params = GenerationParams(max_new_tokens=24)
+    pacer = GenerationParams(max_new_tokens=24, spec=dict_spec())
+    want = plain.generate(prompt, params).token_ids
+    assert spec.generate(prompt, params).token_ids == want
+    assert spec.generate(prompt, pacer).token_ids == want
+    assert torch.is_tensor(pair.drafter.net.mask_embedding)
+
+
+def dict_spec():
+    from specdec.engine.settings import SpecSettings
+
+    return SpecSettings(policy="pacer", block_size=2, threshold=0.3, max_draft=5)
