@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.leases import Leases
+from actors.leases import Leases, require_state
+from actors.process import process_info
 from specdec.engine.loading import load_drafter_side, load_preverifier
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, DraftWorker, RoundResult
+from specdec.models.registry import resolve_model_ref
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class DrafterActor:
     def __init__(self, drafter_ref: str, target_ref: str, preverifier_ref: str | None = None,
                  dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
+        # models:/NAME@ALIAS references download from the MLflow registry on this node
+        drafter_ref, target_ref, preverifier_ref = (
+            resolve_model_ref(r) for r in (drafter_ref, target_ref, preverifier_ref))
         drafter = load_drafter_side(drafter_ref, target_ref, dtype)
         if drafter is None:
             raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
@@ -53,6 +58,7 @@ class DrafterActor:
 
     def draft(self, rid: str, limit: int, commit: Commit | None = None) -> Draft:
         """Commit the previous round (when given), then draft up to ``limit`` tokens."""
+        require_state(self.worker.requests, rid)
         self.leases.touch(rid)
         if commit is not None:
             self._guarded(rid, self.worker.commit, rid, commit.result, commit.drafted)
@@ -72,6 +78,10 @@ class DrafterActor:
 
     def active(self) -> list[str]:
         return sorted(self.worker.requests)
+
+    def process(self) -> dict:
+        """This actor's process id and resident memory (load tests watch it for leaks)."""
+        return process_info()
 
     def _guarded(self, rid: str, fn, *args):
         try:

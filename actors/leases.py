@@ -3,6 +3,7 @@ have been idle longer than a time-to-live.
 
 A client that vanishes without a cancel (a crashed orchestrator, a lost network) would otherwise
 leave its KV cache in an actor forever. This module only keeps the clock; the actor frees state.
+``require_state`` names the two ways a request can lose its state mid-flight.
 """
 
 from __future__ import annotations
@@ -28,3 +29,13 @@ class Leases:
             return []
         now = self.clock()
         return [rid for rid, t in self.touched.items() if now - t > self.ttl_s]
+
+
+class LostState(LookupError):
+    """A round arrived for a request this actor holds no state for."""
+
+
+def require_state(requests, rid: str) -> None:
+    if rid not in requests:
+        raise LostState(f"request {rid} has no state in this actor: it was idle past the TTL, "
+                        "or the actor restarted; retry the request")

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.leases import Leases
+from actors.leases import Leases, require_state
+from actors.process import process_info
 from specdec.engine.loading import load_target, target_taps
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, RoundResult, TargetWorker
+from specdec.models.registry import resolve_model_ref
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class TargetActor:
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                  threads: int = 1, idle_ttl_s: float = 600.0):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
+        # models:/NAME@ALIAS references download from the MLflow registry on this node
+        target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
         target = load_target(target_ref, drafter_ref, dtype)
         self.worker = TargetWorker(target, features=bool(target_taps(drafter_ref)))
         self.leases = Leases(idle_ttl_s)
@@ -61,6 +65,7 @@ class TargetActor:
         return Opened(features, self.worker.room(rid), time.perf_counter() - t0)
 
     def verify(self, rid: str, draft: Draft) -> Verified:
+        require_state(self.worker.requests, rid)
         result = self._guarded(rid, self.worker.verify, rid, draft)
         self.leases.touch(rid)
         return Verified(result, self.worker.room(rid))
@@ -78,6 +83,10 @@ class TargetActor:
 
     def active(self) -> list[str]:
         return sorted(self.worker.requests)
+
+    def process(self) -> dict:
+        """This actor's process id and resident memory (load tests watch it for leaks)."""
+        return process_info()
 
     def _guarded(self, rid: str, fn, *args):
         try:

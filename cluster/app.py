@@ -12,6 +12,8 @@ and die with it. YAML names the builder by import path::
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ray
 from ray import serve
 
@@ -21,10 +23,17 @@ from cluster.metrics import ServeMetrics
 from cluster.schema import Resources, ServeArgs
 from cluster.server import Server
 from cluster.tiny import materialise
+from specdec.models.registry import is_registry_ref
+from specdec.models.sources import NAMED_SOURCES
+
+BUILT_IN = {"none", "ngram", "self", "untrained"}  # drafter / pre-verifier kinds with no files
 
 
 def actor_options(resources: Resources) -> dict:
-    return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
+    # A crashed actor restarts (reloading its model) without end; calls are not retried, since
+    # the restarted actor holds no per-request state: the requests in flight fail, later ones run.
+    return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
+            "max_restarts": -1, "max_task_retries": 0}
 
 
 def spawn_actors(args: ServeArgs):
@@ -41,12 +50,29 @@ def spawn_actors(args: ServeArgs):
 
 
 def resolve_references(args: ServeArgs) -> ServeArgs:
-    """Build ``tiny:`` references into local directories (a no-op for every other kind)."""
-    return args.model_copy(update={
+    """Build ``tiny:`` references into local directories (a no-op for every other kind), then
+    check that every model comes from an allowed source."""
+    resolved = args.model_copy(update={
         "target": materialise(args.target), "drafter": materialise(args.drafter),
         "preverifier": materialise(args.preverifier),
         "model_id": args.served_model_id,
     })
+    for ref in (resolved.target, resolved.drafter, resolved.preverifier):
+        check_source(ref, resolved.model_roots)
+    return resolved
+
+
+def check_source(ref: str | None, roots: tuple[str, ...]) -> None:
+    """Models load only from a named source, the MLflow registry (``models:/``), or a local
+    directory (under one of ``roots`` when any are given); never from a hub id or elsewhere."""
+    if ref is None or ref in BUILT_IN or ref in NAMED_SOURCES or is_registry_ref(ref):
+        return
+    path = Path(ref).expanduser().resolve()
+    if not path.is_dir():
+        raise ValueError(f"model reference {ref!r} is not a named source, a models:/ registry "
+                         "reference, or an existing local directory")
+    if roots and not any(path.is_relative_to(Path(r).expanduser().resolve()) for r in roots):
+        raise ValueError(f"model directory {path} is outside the allowed model_roots {list(roots)}")
 
 
 class ServedServer(Server):

@@ -67,6 +67,26 @@ def parse(model: type[BaseModel], body: Any, prefix: str = "") -> BaseModel:
                        code="invalid_value") from None
 
 
+def openapi_body(model: type[BaseModel]) -> dict:
+    """``openapi_extra`` for a route that reads its JSON body itself: documents ``model`` as the
+    request body (with nested models inlined), so clients and fuzzers see the schema while the
+    route keeps its own validation and error format."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    body = {"required": True, "content": {"application/json": {"schema": _inline(schema, defs)}}}
+    return {"requestBody": body}
+
+
+def _inline(node, defs: dict):
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
 def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:24]}"
 

@@ -46,6 +46,7 @@ class Limits(Strict):
     default_max_tokens: PositiveInt = 128
     max_concurrent_requests: PositiveInt = 16  # beyond this, 503
     idle_ttl_s: float = Field(600.0, ge=0)  # free state of requests idle this long (0 = never)
+    max_body_bytes: PositiveInt = 1 << 20  # larger request bodies are refused with 413
 
 
 class ServeArgs(Strict):
@@ -59,6 +60,10 @@ class ServeArgs(Strict):
     drafter_resources: Resources = Resources(num_cpus=0.5)
     server_num_cpus: float = Field(0.5, ge=0)  # the ingress/orchestrator replica
     limits: Limits = Limits()
+    # Local model directories must lie under one of these (empty: any existing directory).
+    model_roots: tuple[str, ...] = ()
+    # Bearer key every route but /health requires; None: $SPECDEC_API_KEY, unset: no key.
+    api_key: str | None = Field(None, repr=False)
 
     @property
     def served_model_id(self) -> str:

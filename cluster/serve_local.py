@@ -13,6 +13,7 @@ import time
 import yaml
 
 DEFAULT = "configs/serve/local.yaml"
+HTTP_OPTIONS = {"host": "127.0.0.1", "port": 8000}  # loopback only: set an API key to open it up
 
 
 def main(argv: list[str]) -> int:
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> int:
     path = argv[0] if argv else DEFAULT
     app_cfg = yaml.safe_load(open(path))["applications"][0]
     ray.init(include_dashboard=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    serve.start(http_options=HTTP_OPTIONS)
     serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
     print("specdec serving on http://127.0.0.1:8000 (OpenAI-compatible: /v1/completions, "
           "/v1/chat/completions, /v1/models, /health)", flush=True)

@@ -1,7 +1,8 @@
 """The HTTP ingress and orchestrator replica: OpenAI-compatible routes over the round loop.
 
 A plain class whose ``asgi_app()`` builds a FastAPI app bound to it; ``cluster.app.build_app``
-turns it into a Serve deployment and passes it the function that starts the two actors. It validates every request before any
+turns it into a Serve deployment and passes it the function that starts the two actors.
+``cluster.guard`` checks the API key and the body size first. It validates every request before any
 model runs (bad input is a 400, an unknown model a 404, a full server a 503, never a 500),
 tokenises with the target's tokenizer, and streams rounds as SSE chunks.
 """
@@ -19,6 +20,7 @@ from transformers import AutoTokenizer
 
 from cluster import protocol as wire
 from cluster.detokenize import TextStream
+from cluster.guard import Guard, api_key
 from cluster.orchestrator import Orchestrator
 from cluster.schema import ServeArgs, Speculative
 from specdec.engine.engine import Progress, check_pair, check_prompt
@@ -26,6 +28,15 @@ from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.models.sources import resolve
 
 log = logging.getLogger("specdec.server")
+
+
+def is_unicode(text: str) -> bool:
+    """False for text that UTF-8 cannot encode (JSON allows lone surrogates like ``\\ud800``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Server:
@@ -43,14 +54,19 @@ class Server:
 
     # ---- routes -----------------------------------------------------------------------------
     def asgi_app(self) -> FastAPI:
-        """The HTTP app, its routes bound to this instance."""
+        """The HTTP app, its routes bound to this instance, behind the key and body-size gate."""
         app = FastAPI(title="specdec")
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/v1/models", self.models, methods=["GET"])
-        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
-        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"],
+                          openapi_extra=wire.openapi_body(wire.CompletionRequest))
+        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"],
+                          openapi_extra=wire.openapi_body(wire.ChatRequest))
         app.add_api_route("/debug/active", self.active, methods=["GET"])
+        app.add_api_route("/debug/actors", self.actors, methods=["GET"])
         app.add_api_route("/debug/metrics", self.metrics, methods=["GET"])
+        app.add_middleware(Guard, key=api_key(self.args.api_key),
+                           max_body_bytes=self.args.limits.max_body_bytes)
         return app
 
     async def health(self) -> dict:
@@ -71,6 +87,11 @@ class Server:
         """Request ids holding state in each actor (for tests and operators)."""
         drafter = [] if self.drafter is None else await self.drafter.active.remote()
         return {"target": await self.target.active.remote(), "drafter": drafter}
+
+    async def actors(self) -> dict:
+        """Process id and resident memory of each actor (for tests and operators)."""
+        drafter = None if self.drafter is None else await self.drafter.process.remote()
+        return {"target": await self.target.process.remote(), "drafter": drafter}
 
     async def metrics(self) -> dict:
         """Running totals of the metrics this replica exported (Prometheus has the rest)."""
@@ -95,6 +116,10 @@ class Server:
         try:
             async for _ in self.orchestrator.run(rid, progress):
                 pass
+        except Exception as e:  # a failed or restarting actor: an error body, not a bare 500
+            log.exception("request %s failed", rid)
+            error = wire.ApiError(500, str(e), "server_error")
+            return JSONResponse(error.body(), status_code=error.status)
         finally:
             self._release(rid)
         text = self.tokenizer.decode(progress.token_ids, skip_special_tokens=True)
@@ -148,6 +173,10 @@ class Server:
 
     def _encode(self, req, chat: bool) -> list[int]:
         param = "messages" if chat else "prompt"
+        texts = [m.content for m in req.messages] if chat else [req.prompt]
+        if not all(is_unicode(t) for t in texts if isinstance(t, str)):
+            raise wire.ApiError(400, f"the {param} is not valid Unicode (a lone surrogate?)",
+                                param=param, code="invalid_prompt")
         if chat:
             if not any(m.content.strip() for m in req.messages):
                 raise wire.ApiError(400, "the messages are empty", param=param, code="empty_prompt")
