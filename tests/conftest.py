@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -53,3 +55,17 @@ def greedy_reference(model, prompt_ids: list[int], n: int, eos: frozenset[int]) 
             if token in eos:
                 break
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray instance for the whole test session (Serve apps, Train and Data jobs)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (DESIGN.md)
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()

@@ -6,7 +6,6 @@ actor; the reference is the single-process engine on the same pair and settings.
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -21,19 +20,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (DESIGN.md)
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,9 @@
 """Fixtures for the pipeline tests: one Ray instance per session, tiny models, a tmp MLflow store.
 
-Ray is shared: when another fixture of the session (``tests/cluster``) has already started Ray,
-these tests reuse it and leave its shutdown to its owner.
+Ray is shared with the rest of the session through ``ray_cluster`` (tests/conftest.py).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -14,16 +11,9 @@ from pipelines.config import parse_config
 
 
 @pytest.fixture(scope="session")
-def ray_session():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (DESIGN.md)
-    import ray
-
-    owner = not ray.is_initialized()
-    if owner:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if owner:
-        ray.shutdown()
+def ray_session(ray_cluster):
+    """The session's shared Ray instance (tests/conftest.py)."""
+    return ray_cluster
 
 
 @pytest.fixture(scope="session")
