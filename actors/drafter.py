@@ -37,12 +37,13 @@ class DrafterInfo:
 
 class DrafterActor:
     def __init__(self, drafter_ref: str, target_ref: str, preverifier_ref: str | None = None,
-                 dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0):
+                 dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0,
+                 device: str = "cpu"):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         drafter_ref, target_ref, preverifier_ref = (
             resolve_model_ref(r) for r in (drafter_ref, target_ref, preverifier_ref))
-        drafter = load_drafter_side(drafter_ref, target_ref, dtype)
+        drafter = load_drafter_side(drafter_ref, target_ref, dtype, device)
         if drafter is None:
             raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
         self.worker = DraftWorker(drafter, load_preverifier(preverifier_ref, drafter))

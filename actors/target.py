@@ -45,11 +45,11 @@ class Verified:
 
 class TargetActor:
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
-                 threads: int = 1, idle_ttl_s: float = 600.0):
+                 threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu"):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
-        target = load_target(target_ref, drafter_ref, dtype)
+        target = load_target(target_ref, drafter_ref, dtype, device)
         self.worker = TargetWorker(target, features=bool(target_taps(drafter_ref)))
         self.leases = Leases(idle_ttl_s)
 

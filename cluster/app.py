@@ -36,16 +36,22 @@ def actor_options(resources: Resources) -> dict:
             "max_restarts": -1, "max_task_retries": 0}
 
 
+def device_of(resources: Resources) -> str:
+    """An actor given a GPU share runs its model on the GPU Ray assigned it."""
+    return "cuda" if resources.num_gpus > 0 else "cpu"
+
+
 def spawn_actors(args: ServeArgs):
     """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
     ttl = args.limits.idle_ttl_s
     target = ray.remote(TargetActor).options(**actor_options(args.target_resources)).remote(
-        args.target, args.drafter, args.dtype, args.target_resources.threads, ttl)
+        args.target, args.drafter, args.dtype, args.target_resources.threads, ttl,
+        device_of(args.target_resources))
     if args.drafter == "none":
         return target, None
     drafter = ray.remote(DrafterActor).options(**actor_options(args.drafter_resources)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
-        ttl)
+        ttl, device_of(args.drafter_resources))
     return target, drafter
 
 

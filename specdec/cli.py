@@ -39,6 +39,7 @@ def add_generate(sub) -> None:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (auto: a GPU if visible)")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
@@ -85,7 +86,7 @@ def run_generate(args) -> int:
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     if args.policy == "pacer" and args.preverifier is None:
         raise ValueError("--policy pacer needs --preverifier (a trained pre-verifier checkpoint)")
-    pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype)
+    pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, args.chat)
     stream = Engine(pair.target, pair.drafter, pair.preverifier).stream(prompt_ids, params)
     decode = pair.target.tokenizer.decode

@@ -29,7 +29,9 @@ GREEDY = Sampling()
 
 
 def choose(logits: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits: [n, V] -> tokens [n] and, when sampling, the proposal probabilities [n, V]."""
+    """logits: [n, V] -> tokens [n] and, when sampling, the proposal probabilities [n, V].
+    Results are on the CPU, where the caller's generator lives."""
+    logits = logits.cpu()
     if sampling.greedy:
         return logits.argmax(dim=-1), None
     probs = torch.softmax(logits.double() / sampling.temperature, dim=-1)

@@ -29,8 +29,8 @@ class ModelPair:
 
 
 def load_pair(target_ref: str, drafter_ref: str = "none", preverifier_ref: str | None = None,
-              dtype: str = "float32") -> ModelPair:
-    target = load_target(target_ref, drafter_ref, dtype)
+              dtype: str = "float32", device: str = "cpu") -> ModelPair:
+    target = load_target(target_ref, drafter_ref, dtype, device)
     drafter = load_drafter(drafter_ref, target, dtype)
     return ModelPair(target, drafter, load_preverifier(preverifier_ref, drafter))
 
@@ -42,9 +42,11 @@ def target_taps(drafter_ref: str) -> tuple[int, ...]:
     return ()
 
 
-def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float32") -> TargetModel:
+def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
+                device: str = "cpu") -> TargetModel:
     """The target, tapping the layers that ``drafter_ref`` needs as features."""
-    return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=target_taps(drafter_ref))
+    return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=target_taps(drafter_ref),
+                                       device=device)
 
 
 def load_preverifier(ref: str | None, drafter: Drafter | None) -> PreVerifier | None:
@@ -59,7 +61,8 @@ def load_preverifier(ref: str | None, drafter: Drafter | None) -> PreVerifier | 
     return preverifier
 
 
-def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32") -> Drafter | None:
+def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",
+                      device: str = "cpu") -> Drafter | None:
     """The drafter alone, for a process that does not run the target: the target is loaded
     only when the drafter borrows its weights (a block drafter's embedding and lm_head, or
     ``self``); the n-gram drafter needs only the target's vocabulary size."""
@@ -72,8 +75,8 @@ def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32")
 
         return NgramDrafter(AutoConfig.from_pretrained(resolve(target_ref)).vocab_size)
     if drafter_ref == "self" or BlockDrafter.is_checkpoint(drafter_ref):
-        return load_drafter(drafter_ref, load_target(target_ref, drafter_ref, dtype), dtype)
-    return ARDrafter.from_pretrained(drafter_ref, dtype=dtype)
+        return load_drafter(drafter_ref, load_target(target_ref, drafter_ref, dtype, device), dtype)
+    return ARDrafter.from_pretrained(drafter_ref, dtype=dtype, device=device)
 
 
 def load_drafter(ref: str, target: TargetModel, dtype: str = "float32") -> Drafter | None:
@@ -85,7 +88,7 @@ def load_drafter(ref: str, target: TargetModel, dtype: str = "float32") -> Draft
         return ARDrafter(target.model)
     if BlockDrafter.is_checkpoint(ref):
         return BlockDrafter.load(ref, target)
-    return ARDrafter.from_pretrained(ref, dtype=dtype)
+    return ARDrafter.from_pretrained(ref, dtype=dtype, device=target.device)
 
 
 def untrained_preverifier(drafter: Drafter, seed: int = 0) -> PreVerifier:

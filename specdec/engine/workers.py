@@ -80,7 +80,7 @@ class TargetWorker:
         features = None
         if len(prompt_ids) > 1:
             out = self.target.forward(state, prompt_ids[:-1], taps=self.features)
-            features = out.taps
+            features = None if out.taps is None else out.taps.cpu()
         elif self.features:
             features = torch.zeros(0, len(self.target.tap_layers) * self.target.hidden_size)
         _, target_gen = generators(params.seed)
@@ -92,14 +92,16 @@ class TargetWorker:
         req = self.requests[rid]
         start = req.state.length
         out = self.target.forward(req.state, [req.pending, *draft.tokens], taps=self.features)
+        # K+1 rows of logits are small next to a forward pass: verify on the CPU, where the
+        # request's generator lives, whatever device the target runs on.
         verdict = req.verifier.verify(
-            out.logits, torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
+            out.logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
             draft_probs=draft.probs, generator=req.generator,
         )
         req.spent += verdict.regret
         self.target.crop(req.state, start + 1 + verdict.accepted)
         req.pending = verdict.tokens[-1]
-        features = None if out.taps is None else out.taps[: verdict.accepted + 1]
+        features = None if out.taps is None else out.taps[: verdict.accepted + 1].cpu()
         return RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
                            features, time.perf_counter() - t0)
 

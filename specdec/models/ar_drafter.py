@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from specdec.algorithms.sampling import Sampling, choose
 from specdec.models.drafter import DraftBlock
 from specdec.models.kv import cached_forward, crop_cache, new_cache
-from specdec.models.sources import parse_dtype, resolve
+from specdec.models.sources import parse_device, parse_dtype, resolve
 
 
 @dataclass
@@ -45,10 +45,10 @@ class ARDrafter:
         self.max_length = getattr(model.config, "max_position_embeddings", None) or 2048
 
     @classmethod
-    def from_pretrained(cls, ref: str, dtype="float32") -> ARDrafter:
+    def from_pretrained(cls, ref: str, dtype="float32", device="cpu") -> ARDrafter:
         model = AutoModelForCausalLM.from_pretrained(
             resolve(ref), dtype=parse_dtype(dtype), use_safetensors=True
-        )
+        ).to(parse_device(device))
         return cls(model)
 
     def start(self, prompt_ids: list[int], features=None) -> ARDraftState:
@@ -70,7 +70,7 @@ class ARDrafter:
                 probs.append(p)
         if not tokens:
             return DraftBlock.empty(self.hidden_size)
-        return DraftBlock(torch.cat(tokens), torch.stack(hidden).float(),
+        return DraftBlock(torch.cat(tokens), torch.stack(hidden).float().cpu(),
                           torch.cat(probs) if probs else None)
 
     def _step(self, state: ARDraftState, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -185,14 +185,16 @@ class BlockDrafter:
                              f"got {embedding.shape[0]}")
         self.net, self.config, self.target_ref = net.eval(), c, target_ref
         self.embedding = embedding.detach()
-        self.head = lm_head.detach()[net.draft_to_target]  # [V_draft, H]
+        self.device = self.embedding.device
+        self.head = lm_head.detach()[net.draft_to_target.to(lm_head.device)]  # [V_draft, H]
+        self.draft_to_target = net.draft_to_target.cpu()  # choices come back on the CPU
         self.hidden_size, self.vocab_size = c.hidden_size, c.vocab_size
         self.max_draft_len = c.block_size - 1
 
     # ---- construction and persistence -------------------------------------------------------
     @classmethod
     def initialise(cls, config: BlockDrafterConfig, target: TargetModel, target_ref=None):
-        net = BlockDrafterModel(config).to(target.dtype)
+        net = BlockDrafterModel(config).to(target.device, target.dtype)
         for p in net.parameters():
             if p.dim() > 1:
                 nn.init.normal_(p, std=0.02)
@@ -224,7 +226,7 @@ class BlockDrafter:
         if vocab != net.draft_to_target.shape[0]:
             net.draft_to_target = torch.zeros(vocab, dtype=torch.long)
         net.load_state_dict(state)
-        net.to(target.dtype)
+        net.to(target.device, target.dtype)
         return cls(net, target.embedding_weight(), target.lm_head_weight(), target_ref)
 
     @staticmethod
@@ -257,27 +259,28 @@ class BlockDrafter:
             raise ValueError(f"block drafter needs target features for {len(state.committed) - 1 - start} "
                              f"new positions, got {got}")
         if features.shape[0]:
-            new = self._kv(features[None].to(self.embedding.dtype), start)
+            new = self._kv(features[None], start)
             state.ctx_kv = [(torch.cat([k0, k], 1), torch.cat([v0, v], 1))
                             for (k0, v0), (k, v) in zip(state.ctx_kv, new, strict=True)]
 
     # ---- internals --------------------------------------------------------------------------
     def _kv(self, features: torch.Tensor, start: int):
         """features: [1, t, n*F] for positions start..start+t-1 -> per layer (k, v)."""
-        pos = torch.arange(start, start + features.shape[1])[None]
-        return self.net.context_kv(self.net.context(features.to(self.embedding.dtype)), pos)
+        pos = torch.arange(start, start + features.shape[1], device=self.device)[None]
+        features = features.to(self.device, self.embedding.dtype)
+        return self.net.context_kv(self.net.context(features), pos)
 
     def _draft_block(self, state: BlockDraftState, sampling: Sampling) -> DraftBlock:
         b = self.config.block_size
         anchor_pos = len(state.committed) - 1
         embeds = self.net.mask_embedding.expand(1, b, -1).clone()  # [1, B, H]
         embeds[0, 0] = self.embedding[state.committed[-1]]
-        pos = torch.arange(anchor_pos, anchor_pos + b)[None]
+        pos = torch.arange(anchor_pos, anchor_pos + b, device=self.device)[None]
         hidden = self.net(embeds, pos, state.ctx_kv)[0, 1:]  # [B-1, H]
         logits = hidden @ self.head.T  # [B-1, V_draft]
         choice, probs = choose(logits, sampling)
-        tokens = self.net.draft_to_target[choice]
+        tokens = self.draft_to_target[choice]
         if probs is not None and probs.shape[-1] != self.vocab_size:  # scatter to the full vocab
             full = probs.new_zeros(probs.shape[0], self.vocab_size)
-            probs = full.index_copy_(1, self.net.draft_to_target, probs)
-        return DraftBlock(tokens, hidden.float(), probs)
+            probs = full.index_copy_(1, self.draft_to_target, probs)
+        return DraftBlock(tokens, hidden.float().cpu(), probs)

@@ -21,5 +21,6 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
 
 def cached_forward(model, ids: list[int], cache: DynamicCache, hidden: bool = False):
     """One forward of ``ids`` appended to ``cache`` (extended in place)."""
-    return model(input_ids=torch.tensor([ids], dtype=torch.long), cache=cache, use_cache=True,
+    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
+    return model(input_ids=input_ids, cache=cache, use_cache=True,
                  output_hidden_states=hidden)

@@ -58,6 +58,16 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+def parse_device(name: str | torch.device | None) -> torch.device:
+    """``cpu``, ``cuda`` (``cuda:N``) or ``auto`` (the GPU when one is visible, else the CPU)."""
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
+    return device
+
+
 def resolve(ref: str) -> str:
     """Return a path or hub id that ``from_pretrained`` can load, preparing named sources."""
     if ref in NAMED_SOURCES:

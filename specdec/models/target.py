@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from specdec.models.kv import cached_forward, crop_cache, new_cache
-from specdec.models.sources import parse_dtype, resolve
+from specdec.models.sources import parse_device, parse_dtype, resolve
 
 
 @dataclass
@@ -55,17 +55,19 @@ class TargetModel:
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(config, "max_position_embeddings", None) or 2048
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
         bad = [layer for layer in tap_layers if not 0 <= layer < self.num_layers]
         if bad:
             raise ValueError(f"tap layers {bad} outside 0..{self.num_layers - 1}")
         self.tap_layers = tuple(tap_layers)
 
     @classmethod
-    def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = ()):
+    def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),
+                        device="cpu"):
         path = resolve(ref)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=parse_dtype(dtype), use_safetensors=True
-        )
+        ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, tap_layers)
 
