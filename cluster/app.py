@@ -29,11 +29,18 @@ from specdec.models.sources import NAMED_SOURCES
 BUILT_IN = {"none", "ngram", "self", "untrained"}  # drafter / pre-verifier kinds with no files
 
 
-def actor_options(resources: Resources) -> dict:
+def runtime_env(args: ServeArgs) -> dict:
+    """What every process of the app needs in its environment: the MLflow store, if set."""
+    if args.mlflow_tracking_uri is None:
+        return {}
+    return {"env_vars": {"MLFLOW_TRACKING_URI": args.mlflow_tracking_uri}}
+
+
+def actor_options(resources: Resources, args: ServeArgs) -> dict:
     # A crashed actor restarts (reloading its model) without end; calls are not retried, since
     # the restarted actor holds no per-request state: the requests in flight fail, later ones run.
     return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
-            "max_restarts": -1, "max_task_retries": 0}
+            "max_restarts": -1, "max_task_retries": 0, "runtime_env": runtime_env(args)}
 
 
 def device_of(resources: Resources) -> str:
@@ -44,12 +51,12 @@ def device_of(resources: Resources) -> str:
 def spawn_actors(args: ServeArgs):
     """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
     ttl = args.limits.idle_ttl_s
-    target = ray.remote(TargetActor).options(**actor_options(args.target_resources)).remote(
+    target = ray.remote(TargetActor).options(**actor_options(args.target_resources, args)).remote(
         args.target, args.drafter, args.dtype, args.target_resources.threads, ttl,
         device_of(args.target_resources))
     if args.drafter == "none":
         return target, None
-    drafter = ray.remote(DrafterActor).options(**actor_options(args.drafter_resources)).remote(
+    drafter = ray.remote(DrafterActor).options(**actor_options(args.drafter_resources, args)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
         ttl, device_of(args.drafter_resources))
     return target, drafter
@@ -100,6 +107,6 @@ def build_app(args: dict) -> serve.Application:
         # Serve lets a few more in than the limit, so the server itself answers them with a
         # JSON 503 instead of Serve queueing them.
         max_ongoing_requests=limit + 8,
-        ray_actor_options={"num_cpus": config.server_num_cpus},
+        ray_actor_options={"num_cpus": config.server_num_cpus, "runtime_env": runtime_env(config)},
     )
     return deployment.bind(config.model_dump(), spawn_actors)

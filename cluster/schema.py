@@ -62,6 +62,9 @@ class ServeArgs(Strict):
     limits: Limits = Limits()
     # Local model directories must lie under one of these (empty: any existing directory).
     model_roots: tuple[str, ...] = ()
+    # The MLflow store that models:/NAME@ALIAS references resolve in (every actor and the
+    # server see it as $MLFLOW_TRACKING_URI); None: the process's own default.
+    mlflow_tracking_uri: str | None = None
     # Bearer key every route but /health requires; None: $SPECDEC_API_KEY, unset: no key.
     api_key: str | None = Field(None, repr=False)
 

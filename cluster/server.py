@@ -25,6 +25,7 @@ from cluster.orchestrator import Orchestrator
 from cluster.schema import ServeArgs, Speculative
 from specdec.engine.engine import Progress, check_pair, check_prompt
 from specdec.engine.settings import GenerationParams, SpecSettings
+from specdec.models.registry import resolve_model_ref
 from specdec.models.sources import resolve
 
 log = logging.getLogger("specdec.server")
@@ -46,7 +47,7 @@ class Server:
         self.info = ray.get(self.target.info.remote())
         if self.drafter is not None:
             check_pair(self.info, ray.get(self.drafter.info.remote()))
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve(self.args.target))
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve(resolve_model_ref(self.args.target)))
         self.orchestrator = Orchestrator(self.target, self.drafter, self.info.eos_token_ids,
                                          observer)
         self.model_id = self.args.served_model_id
