@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.host import RequestHost
 from actors.leases import Leases, require_state
-from actors.process import process_info
 from specdec.engine.loading import load_drafter_side, load_preverifier
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, DraftWorker, RoundResult
@@ -35,7 +35,7 @@ class DrafterInfo:
     threads: int
 
 
-class DrafterActor:
+class DrafterActor(RequestHost):
     def __init__(self, drafter_ref: str, target_ref: str, preverifier_ref: str | None = None,
                  dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0,
                  device: str = "cpu"):
@@ -66,27 +66,3 @@ class DrafterActor:
         if limit < 1:
             return Draft([], None)
         return self._guarded(rid, self.worker.draft, rid, limit)
-
-    def close(self, rid: str) -> None:
-        self.worker.close(rid)
-        self.leases.drop(rid)
-
-    def sweep(self) -> list[str]:
-        stale = self.leases.expired()
-        for rid in stale:
-            self.close(rid)
-        return stale
-
-    def active(self) -> list[str]:
-        return sorted(self.worker.requests)
-
-    def process(self) -> dict:
-        """This actor's process id and resident memory (load tests watch it for leaks)."""
-        return process_info()
-
-    def _guarded(self, rid: str, fn, *args):
-        try:
-            return fn(*args)
-        except Exception:
-            self.close(rid)
-            raise

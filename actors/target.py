@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.host import RequestHost
 from actors.leases import Leases, require_state
-from actors.process import process_info
 from specdec.engine.loading import load_target, target_taps
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, RoundResult, TargetWorker
@@ -43,7 +43,7 @@ class Verified:
     room: int  # draft tokens the context has room for in the next round
 
 
-class TargetActor:
+class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                  threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu"):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
@@ -69,28 +69,3 @@ class TargetActor:
         result = self._guarded(rid, self.worker.verify, rid, draft)
         self.leases.touch(rid)
         return Verified(result, self.worker.room(rid))
-
-    def close(self, rid: str) -> None:
-        self.worker.close(rid)
-        self.leases.drop(rid)
-
-    def sweep(self) -> list[str]:
-        """Free requests idle for longer than the TTL; return their ids."""
-        stale = self.leases.expired()
-        for rid in stale:
-            self.close(rid)
-        return stale
-
-    def active(self) -> list[str]:
-        return sorted(self.worker.requests)
-
-    def process(self) -> dict:
-        """This actor's process id and resident memory (load tests watch it for leaks)."""
-        return process_info()
-
-    def _guarded(self, rid: str, fn, *args):
-        try:
-            return fn(*args)
-        except Exception:
-            self.close(rid)  # an error ends the request: free its state
-            raise

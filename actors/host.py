@@ -1,0 +1,42 @@
+"""What both actors share: hosting many requests' state over one worker, with idle leases.
+
+``RequestHost`` frees a request on ``close``, on any error in one of its calls, and when it has
+been idle past the TTL (``sweep``); it reports which requests hold state and the process's
+memory. Subclasses set ``self.worker`` (a core worker with a ``requests`` dict and ``close``)
+and ``self.leases``.
+"""
+
+from __future__ import annotations
+
+from actors.leases import Leases
+from actors.process import process_info
+
+
+class RequestHost:
+    worker: object
+    leases: Leases
+
+    def close(self, rid: str) -> None:
+        self.worker.close(rid)
+        self.leases.drop(rid)
+
+    def sweep(self) -> list[str]:
+        """Free requests idle for longer than the TTL; return their ids."""
+        stale = self.leases.expired()
+        for rid in stale:
+            self.close(rid)
+        return stale
+
+    def active(self) -> list[str]:
+        return sorted(self.worker.requests)
+
+    def process(self) -> dict:
+        """This actor's process id and resident memory (load tests watch it for leaks)."""
+        return process_info()
+
+    def _guarded(self, rid: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            self.close(rid)  # an error ends the request: free its state
+            raise
