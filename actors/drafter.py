@@ -55,7 +55,6 @@ class DrafterActor(RequestHost):
     def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         self.sweep()
         self._guarded(rid, self.worker.open, rid, prompt_ids, features, params)
-        self.leases.touch(rid)
 
     def draft(self, rid: str, limit: int, commit: Commit | None = None) -> Draft:
         """Commit the previous round (when given), then draft up to ``limit`` tokens."""

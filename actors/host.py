@@ -35,8 +35,11 @@ class RequestHost:
         return process_info()
 
     def _guarded(self, rid: str, fn, *args):
+        """Run one call of a request: renew its lease on success, free its state on error."""
         try:
-            return fn(*args)
+            out = fn(*args)
         except Exception:
-            self.close(rid)  # an error ends the request: free its state
+            self.close(rid)  # an error ends the request
             raise
+        self.leases.touch(rid)
+        return out

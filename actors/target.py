@@ -61,11 +61,9 @@ class TargetActor(RequestHost):
         self.sweep()
         t0 = time.perf_counter()
         features = self._guarded(rid, self.worker.open, rid, prompt_ids, params)
-        self.leases.touch(rid)
         return Opened(features, self.worker.room(rid), time.perf_counter() - t0)
 
     def verify(self, rid: str, draft: Draft) -> Verified:
         require_state(self.worker.requests, rid)
         result = self._guarded(rid, self.worker.verify, rid, draft)
-        self.leases.touch(rid)
         return Verified(result, self.worker.room(rid))

@@ -14,7 +14,7 @@ cache back to the new S[:-1].
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -119,7 +119,7 @@ class DraftRequest:
     policy: DraftPolicy
     policy_state: Any
     sampling: Sampling
-    timers: dict = field(default_factory=lambda: {"preverifier": 0.0})
+    timers: dict  # {"preverifier": seconds in this round's pre-verifier calls}
 
 
 class DraftWorker:

@@ -50,11 +50,3 @@ class Drafter(Protocol):
         positions that became verified context (the previous pending token and the accepted
         drafts), in order."""
 
-
-def concat_blocks(blocks: list[DraftBlock], hidden_size: int) -> DraftBlock:
-    if not blocks:
-        return DraftBlock.empty(hidden_size)
-    probs = None
-    if all(b.probs is not None for b in blocks):
-        probs = torch.cat([b.probs for b in blocks])
-    return DraftBlock(torch.cat([b.tokens for b in blocks]), torch.cat([b.hidden for b in blocks]), probs)
