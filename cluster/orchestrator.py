@@ -5,6 +5,8 @@ on the target actor, then settle with the engine's own ``Progress`` (the same li
 and stats code as ``specdec.engine.engine.Engine``), so served tokens equal engine tokens. Two
 actor calls per round; only token ids, stats and a few feature rows cross. Many requests run
 concurrently on one event loop and interleave their rounds on the actors.
+``reap`` frees state an actor holds for a request with no running loop (an orphan: a loop whose
+``finally`` never ran), so no path leaves state behind for longer than one reaping period.
 This module knows nothing about HTTP or tokenisation.
 """
 
@@ -24,11 +26,13 @@ class Orchestrator:
         self.drafter = drafter  # Ray actor handle of a DrafterActor, or None (plain decoding)
         self.eos = eos_token_ids
         self.observer = observer  # optional: .round(draft, result, seconds), .finished(progress)
+        self.live: set[str] = set()  # requests whose loop is running
 
     async def run(self, rid: str, progress: Progress) -> AsyncIterator[list[int]]:
         """Yield each round's newly committed tokens; state is freed in both actors however the
         loop ends (finish, error, or the caller cancelling it mid-round)."""
         t0 = time.perf_counter()
+        self.live.add(rid)
         try:
             room = await self._open(rid, progress)
             commit = None
@@ -45,6 +49,7 @@ class Orchestrator:
                     yield new
         finally:
             self.close(rid)
+            self.live.discard(rid)
             progress.stats.total_s = time.perf_counter() - t0
             if self.observer is not None:
                 self.observer.finished(progress)
@@ -71,3 +76,15 @@ class Orchestrator:
         self.target.close.remote(rid)
         if self.drafter is not None:
             self.drafter.close.remote(rid)
+
+    async def reap(self) -> list[str]:
+        """Close every request an actor holds state for that has no running loop; return them.
+        A request seen in an actor was opened, so it joined ``live`` before; if it has left
+        ``live`` since, its loop ended and a second close is harmless."""
+        held = set(await self.target.active.remote())
+        if self.drafter is not None:
+            held |= set(await self.drafter.active.remote())
+        orphans = sorted(held - self.live)
+        for rid in orphans:
+            self.close(rid)
+        return orphans

@@ -46,6 +46,7 @@ class Limits(Strict):
     default_max_tokens: PositiveInt = 128
     max_concurrent_requests: PositiveInt = 16  # beyond this, 503
     idle_ttl_s: float = Field(600.0, ge=0)  # free state of requests idle this long (0 = never)
+    reap_every_s: float = Field(30.0, ge=0)  # free orphaned request state this often (0 = never)
     max_body_bytes: PositiveInt = 1 << 20  # larger request bodies are refused with 413
 
 

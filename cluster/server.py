@@ -9,6 +9,7 @@ tokenises with the target's tokenizer, and streams rounds as SSE chunks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -52,6 +53,7 @@ class Server:
                                          observer)
         self.model_id = self.args.served_model_id
         self.slots: set[str] = set()  # request ids holding a concurrency slot
+        self.reaper: asyncio.Task | None = None  # started with the first request
 
     # ---- routes -----------------------------------------------------------------------------
     def asgi_app(self) -> FastAPI:
@@ -101,6 +103,7 @@ class Server:
 
     # ---- one request ------------------------------------------------------------------------
     async def _serve(self, request: Request, chat: bool):
+        self._start_reaper()
         try:
             req, prompt_ids, params = await self._validate(request, chat)
             rid = wire.new_id("chatcmpl" if chat else "cmpl")
@@ -142,6 +145,21 @@ class Server:
         finally:
             self._release(rid)
         yield wire.sse("[DONE]")
+
+    def _start_reaper(self) -> None:
+        """Free orphaned request state every ``limits.reap_every_s`` seconds, on this loop."""
+        every = self.args.limits.reap_every_s
+        if self.reaper is None and every > 0:
+            self.reaper = asyncio.get_running_loop().create_task(self._reap_forever(every))
+
+    async def _reap_forever(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                if orphans := await self.orchestrator.reap():
+                    log.warning("freed state of %d orphaned requests: %s", len(orphans), orphans)
+            except Exception:  # an actor restarting: try again next period
+                log.exception("reaping orphaned request state failed")
 
     def _totals(self, progress: Progress) -> dict:
         return {"usage": wire.usage(len(progress.prompt_ids), len(progress.token_ids)),

@@ -53,6 +53,10 @@ class DrafterSettings(Strict):
     num_layers: int = Field(1, ge=1)
     num_taps: int = Field(3, ge=1)
     init_from: str | None = None  # a block-drafter directory or models:/NAME@ALIAS
+    # the N most frequent corpus tokens (EOS always included); None: the full target vocabulary
+    draft_vocab_size: int | None = Field(None, ge=2)
+    # start every draft layer as a copy of this target decoder layer (-1: the last); None: random
+    init_layer_from_target: int | None = None
 
 
 class TrainDrafterConfig(Strict):
@@ -94,21 +98,31 @@ class TrainDrafterConfig(Strict):
 
 # ---- data ---------------------------------------------------------------------------------------
 
-def load_sequences(cfg: TrainDrafterConfig, rank: int = 0, world: int = 1) -> list[list[int]]:
+def load_sequences(cfg: TrainDrafterConfig) -> list[list[int]]:
+    """Every corpus sequence of 3 or more tokens, cut to ``max_seq_len``."""
     table = read_table(cfg.corpus, CORPUS_SCHEMA, "train_drafter.corpus")
     seqs = [s[: cfg.max_seq_len] for s in table.column("input_ids").to_pylist()]
-    seqs = [s for s in seqs if len(s) >= 3][rank::world]
+    seqs = [s for s in seqs if len(s) >= 3]
     if not seqs:
-        raise ValueError(f"corpus {cfg.corpus} has no sequence of 3 or more tokens for rank {rank}")
+        raise ValueError(f"corpus {cfg.corpus} has no sequence of 3 or more tokens")
     return seqs
+
+
+def shard(sequences: list[list[int]], rank: int, world: int) -> list[list[int]]:
+    mine = sequences[rank::world]
+    if not mine:
+        raise ValueError(f"no corpus sequence for rank {rank} of {world}")
+    return mine
 
 
 # ---- models -------------------------------------------------------------------------------------
 
-def build_models(cfg: TrainDrafterConfig, init_dir: str | None):
-    """-> (target with the drafter's taps, BlockDrafter)."""
+def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[list[int]]):
+    """-> (target with the drafter's taps, BlockDrafter). A fresh drafter takes its reduced
+    vocabulary from ``sequences`` and its layers from the target, as the config says."""
     from specdec.models.block_drafter import BlockDrafter, BlockDrafterConfig
     from specdec.models.target import TargetModel
+    from specdec.training.drafter_init import copy_target_layer, frequent_tokens
 
     if init_dir:
         config, _ = BlockDrafter.read_config(init_dir)
@@ -117,11 +131,18 @@ def build_models(cfg: TrainDrafterConfig, init_dir: str | None):
     probe = TargetModel.from_pretrained(cfg.target, cfg.dtype)
     d = cfg.drafter
     config = BlockDrafterConfig.for_target(probe, block_size=d.block_size,
-                                           num_layers=d.num_layers, num_taps=d.num_taps)
+                                           num_layers=d.num_layers, num_taps=d.num_taps,
+                                           draft_vocab_size=d.draft_vocab_size)
     target = TargetModel(probe.model, probe.tokenizer, config.tap_layers)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         drafter = BlockDrafter.initialise(config, target, target_ref=cfg.target)
+    if d.draft_vocab_size:
+        # every rank sees the same vocabulary: it is counted before sharding (see train_loop)
+        vocab = frequent_tokens(sequences, d.draft_vocab_size, sorted(target.eos_token_ids))
+        drafter = drafter.with_vocabulary(vocab)
+    if d.init_layer_from_target is not None:
+        copy_target_layer(drafter.net, target, d.init_layer_from_target)
     return target, drafter
 
 
@@ -229,8 +250,9 @@ def train_loop(loop_cfg: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     start_dir = restore(cfg, loop_cfg["run_id"])
+    corpus = load_sequences(cfg)
     target, drafter = build_models(cfg, str(start_dir / "drafter") if start_dir
-                                   else loop_cfg.get("init_dir"))
+                                   else loop_cfg.get("init_dir"), corpus)
     net = drafter.net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start = 0
@@ -239,7 +261,7 @@ def train_loop(loop_cfg: dict) -> None:
         start = ckpt.read_state(start_dir)["step"]
     parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
     loss_fn = make_loss(cfg.loss.name, **cfg.loss.params())
-    sequences = load_sequences(cfg, rank, world)
+    sequences = shard(corpus, rank, world)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
     for step in tqdm(range(start, cfg.steps), desc="train_drafter", disable=rank != 0,
                      initial=start, total=cfg.steps, mininterval=5):

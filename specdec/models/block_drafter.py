@@ -18,7 +18,7 @@ draft never enters that cache, so nothing needs cropping after a round.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -59,6 +59,9 @@ class BlockDrafterConfig:
     def for_target(cls, target: TargetModel, block_size=8, num_layers=1, num_taps=3, **kw):
         cfg = target.model.config
         heads = cfg.num_attention_heads
+        rope = getattr(cfg, "rope_parameters", None) or {}  # RoPE and norm eps as the target's
+        kw.setdefault("rope_theta", rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        kw.setdefault("rms_eps", getattr(cfg, "rms_norm_eps", 1e-6))
         return cls(
             hidden_size=target.hidden_size, feature_size=target.hidden_size,
             intermediate_size=cfg.intermediate_size, num_layers=num_layers, num_heads=heads,
@@ -184,7 +187,7 @@ class BlockDrafter:
             raise ValueError(f"block drafter expects a target vocabulary of {c.vocab_size}, "
                              f"got {embedding.shape[0]}")
         self.net, self.config, self.target_ref = net.eval(), c, target_ref
-        self.embedding = embedding.detach()
+        self.embedding, self.lm_head = embedding.detach(), lm_head.detach()
         self.device = self.embedding.device
         self.head = lm_head.detach()[net.draft_to_target.to(lm_head.device)]  # [V_draft, H]
         self.draft_to_target = net.draft_to_target.cpu()  # choices come back on the CPU
@@ -202,6 +205,15 @@ class BlockDrafter:
         if norm is not None and norm.weight.shape[0] == config.hidden_size:
             net.final_norm.weight.data.copy_(norm.weight.data)
         return cls(net, target.embedding_weight(), target.lm_head_weight(), target_ref)
+
+    def with_vocabulary(self, draft_to_target: torch.Tensor) -> BlockDrafter:
+        """This drafter drafting only the target tokens ``draft_to_target`` (sorted ids)."""
+        ids = draft_to_target.to(torch.long).cpu()
+        if ids.dim() != 1 or not (0 <= int(ids.min()) and int(ids.max()) < self.vocab_size):
+            raise ValueError(f"a draft vocabulary is a 1-d tensor of ids in [0, {self.vocab_size})")
+        self.net.c = replace(self.config, draft_vocab_size=ids.shape[0])
+        self.net.draft_to_target = ids.to(self.net.draft_to_target.device)
+        return BlockDrafter(self.net, self.embedding, self.lm_head, self.target_ref)
 
     def save(self, out: str | Path) -> Path:
         out = Path(out)

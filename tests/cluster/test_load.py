@@ -13,10 +13,12 @@ PROMPTS = [f"request {i}: " + "ab" * i for i in range(8)]
 
 
 def active(served) -> dict:
-    return requests.get(f"{served}/debug/active", timeout=10).json()
+    return requests.get(f"{served}/debug/active", timeout=30).json()
 
 
-def wait_idle(served, within_s: float = 10.0) -> dict:
+def wait_idle(served, within_s: float = 60.0) -> dict:
+    """The actors' request state once empty, or as it is after ``within_s`` (a loaded 2-core CI
+    machine may take seconds to finish the closes queued behind cancelled rounds)."""
     deadline = time.monotonic() + within_s
     while (state := active(served)) != {"target": [], "drafter": []} and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -62,8 +64,8 @@ def test_over_the_limit_is_503_then_recovers(served):
         for s in streams:
             s.close()
     assert wait_idle(served) == {"target": [], "drafter": []}
-    deadline = time.monotonic() + 10
-    while requests.get(f"{served}/health", timeout=10).json()["in_flight"] and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while requests.get(f"{served}/health", timeout=30).json()["in_flight"] and time.monotonic() < deadline:
         time.sleep(0.1)
     r = requests.post(f"{served}/v1/completions",
                       json={"model": "tiny", "prompt": "x", "max_tokens": 2}, timeout=30)

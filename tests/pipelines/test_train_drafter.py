@@ -41,15 +41,20 @@ def drafter_config(store, tiny_llama, corpus, **fields):
     return config(train_drafter.TrainDrafterConfig, store, **(base | fields))
 
 
-@pytest.mark.parametrize("loss", [{"name": "dpace"}, {"name": "dflash", "gamma": 4.0}])
-def test_loss_decreases_on_the_tiny_pair(loss, store, tiny_llama, tiny_corpus):
-    cfg = drafter_config(store, tiny_llama, tiny_corpus, loss=loss)
-    target, drafter = train_drafter.build_models(cfg, None)
+@pytest.mark.parametrize("loss,drafter", [
+    ({"name": "dpace"}, {}),
+    ({"name": "dflash", "gamma": 4.0}, {}),
+    ({"name": "dpace"}, {"draft_vocab_size": 24, "init_layer_from_target": -1}),
+])
+def test_loss_decreases_on_the_tiny_pair(loss, drafter, store, tiny_llama, tiny_corpus):
+    cfg = drafter_config(store, tiny_llama, tiny_corpus, loss=loss,
+                         drafter={"block_size": 6, "num_taps": 2} | drafter)
+    seqs = train_drafter.load_sequences(cfg)
+    target, drafter = train_drafter.build_models(cfg, None, seqs)
     net = drafter.net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
     parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
     loss_fn = make_loss(cfg.loss.name, **cfg.loss.params())
-    seqs = train_drafter.load_sequences(cfg)
     losses = []
     for _ in range(25):  # the same anchors every step: the drafter must fit them
         opt.zero_grad()
