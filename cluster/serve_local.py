@@ -2,6 +2,9 @@
 
 Starts Ray in this process (token auth off: the cluster is private to this process), runs the
 config's application on http://127.0.0.1:8000 and blocks until interrupted. ``make serve`` runs it.
+A config's top-level ``default_pair: DIR`` serves the committed trained pair in DIR from the
+MLflow registry when DIR holds one (``cluster.default_pair.serve_args``); Serve itself ignores
+the key.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ def main(argv: list[str]) -> int:
     from ray import serve
 
     from cluster.app import build_app
+    from cluster.default_pair import serve_args
 
     path = argv[0] if argv else DEFAULT
-    app_cfg = yaml.safe_load(open(path))["applications"][0]
+    doc = yaml.safe_load(open(path))
+    app_cfg = doc["applications"][0]
+    args = serve_args(app_cfg["args"], doc.get("default_pair"))
     ray.init(include_dashboard=False)
     serve.start(http_options=HTTP_OPTIONS)
-    serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
+    serve.run(build_app(args), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
     print("specdec serving on http://127.0.0.1:8000 (OpenAI-compatible: /v1/completions, "
           "/v1/chat/completions, /v1/models, /health)", flush=True)
     print(f"READY model={app_cfg['args'].get('model_id') or app_cfg['args']['target']}", flush=True)

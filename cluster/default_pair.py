@@ -1,0 +1,115 @@
+"""The committed default pair (``artifacts/<target>/``): registered on first use, served from
+the MLflow registry.
+
+``ensure_registered(artifacts, uri)`` makes ``<target>-block-drafter@champion`` and
+``<target>-preverifier@champion`` (``<target>`` is the artifacts directory's name) hold exactly
+the files of ``artifacts/drafter`` and ``artifacts/preverifier``. Each model version carries the
+SHA-256 of its directory's content as the tag ``specdec.content_sha256``; when the champion's
+tag equals the files' hash nothing happens, otherwise one MLflow run logs the changed
+directories, new versions are created from them and ``champion`` moves there.
+
+``serve_args(args, artifacts)`` is what ``make serve`` does with ``configs/serve/local.yaml``:
+when the config names a ``default_pair`` directory that holds a drafter, the app serves the
+pair from the registry with PACER (the sweep's ``pacer_defaults.json`` when present); without
+one it serves the config as written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+HASH_TAG = "specdec.content_sha256"
+ALIAS = "champion"
+KINDS = {"drafter": "block-drafter", "preverifier": "preverifier"}  # subdirectory -> model suffix
+# PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's)
+PACER_FALLBACK = {"policy": "pacer", "block_size": 4, "threshold": 0.5, "growth": 1.1,
+                  "max_draft": 16}
+
+
+def content_hash(directory: Path) -> str:
+    """SHA-256 over the relative path and bytes of every file under ``directory``."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def champion_hash(client, name: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, ALIAS).tags.get(HASH_TAG)
+    except MlflowException:  # no such model, or no champion yet
+        return None
+
+
+def register_new(stale: dict[str, tuple[str, str]], artifacts: Path, tracking_uri: str) -> None:
+    """One run logs every stale directory; each becomes a new version and the champion."""
+    import mlflow
+
+    from pipelines.config import MlflowSettings
+    from pipelines.tracking import register, start_run
+
+    settings = MlflowSettings(tracking_uri=tracking_uri, run_name="register-default-pair",
+                              champion=True)
+    with start_run(settings, "register_default_pair") as run:
+        if (artifacts / "provenance.json").is_file():
+            mlflow.log_artifact(str(artifacts / "provenance.json"))
+        for kind, (name, digest) in stale.items():
+            mlflow.log_artifacts(str(artifacts / kind), artifact_path=kind)
+            uri = register(settings, name, run, kind)  # models:/NAME/VERSION
+            mlflow.MlflowClient().set_model_version_tag(name, uri.rsplit("/", 1)[1], HASH_TAG,
+                                                        digest)
+
+
+def ensure_registered(artifacts_dir: str | Path, tracking_uri: str) -> dict[str, str]:
+    """Register the pair under ``artifacts_dir`` unless the champions already hold it.
+    Returns ``{"drafter": "models:/...@champion", "preverifier": "models:/...@champion"}``."""
+    import mlflow
+
+    artifacts = Path(artifacts_dir).resolve()
+    if tracking_uri.startswith("sqlite:///"):  # a fresh clone has no $SPECDEC_HOME yet
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    names = {kind: f"{artifacts.name}-{suffix}" for kind, suffix in KINDS.items()}
+    client = mlflow.MlflowClient(tracking_uri)
+    stale = {}
+    for kind, name in names.items():
+        if not (artifacts / kind).is_dir():
+            raise FileNotFoundError(f"default pair {artifacts} has no {kind}/ directory")
+        digest = content_hash(artifacts / kind)
+        if champion_hash(client, name) != digest:
+            stale[kind] = (name, digest)
+    if stale:
+        register_new(stale, artifacts, tracking_uri)
+    return {kind: f"models:/{name}@{ALIAS}" for kind, name in names.items()}
+
+
+def local_tracking_uri() -> str:
+    """The store the jobs use: $MLFLOW_TRACKING_URI, else sqlite:///$SPECDEC_HOME/mlflow.db."""
+    from pipelines.config import MlflowSettings
+    from pipelines.tracking import tracking_uri
+
+    return tracking_uri(MlflowSettings())
+
+
+def serve_args(args: dict, artifacts_dir: str | Path | None) -> dict:
+    """The app's args with the default pair in place of the config's drafter, when
+    ``artifacts_dir`` holds one; else ``args`` unchanged. Prints one line saying which."""
+    if artifacts_dir is None:
+        return args
+    artifacts = Path(artifacts_dir)
+    if not (artifacts / "drafter").is_dir():
+        print(f"no trained default pair in {artifacts}/ (see `make train-default`): serving "
+              f"{args['target']} with drafter {args.get('drafter', 'ngram')}", flush=True)
+        return args
+    uri = args.get("mlflow_tracking_uri") or local_tracking_uri()
+    refs = ensure_registered(artifacts, uri)
+    pacer_file = artifacts / "pacer_defaults.json"
+    pacer = json.loads(pacer_file.read_text()) if pacer_file.is_file() else PACER_FALLBACK
+    spec = {**args.get("speculative", {}), **pacer}
+    print(f"serving the trained default pair of {artifacts}/: {refs['drafter']} + "
+          f"{refs['preverifier']} from {uri}, {json.dumps(pacer)}", flush=True)
+    return {**args, **refs, "speculative": spec, "mlflow_tracking_uri": uri}

@@ -1,0 +1,231 @@
+"""The engine benchmark's methods, the models behind them, and the interleaved measurement.
+
+A ``Method`` is a name and a recipe: either our engine (one of a few ``Engine``s, each a target
+plus a drafter side) with ``SpecSettings`` fields, or HF ``model.generate`` with extra generation
+settings. Every model is loaded once; engines that need the same drafter share it, and every
+engine shares the one HF target model (``TargetModel`` wrappers differ only in which layers they
+tap). Methods whose optional model is not configured are left out by the caller and reported as
+not measured.
+
+``measure`` runs in the calling process, one generation at a time: for each repeat, for each
+prompt, every method on that prompt, the order rotated from prompt to prompt so that machine
+drift hits every method alike. Each call is timed on the wall clock, and the process's peak RSS
+is reset before it and read after it (Linux ``/proc``; None elsewhere).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from pipelines.evaluate import PacerSettings, fixed, pacer
+
+# Engines by key: which drafter side each one has.
+ENGINE_DRAFTERS = {
+    "plain": "none (plain autoregressive decoding)",
+    "ngram": "n-gram prompt lookup",
+    "main": "the block drafter + the PACER pre-verifier",
+    "no_position": "the block drafter + the pre-verifier trained without position embedding",
+    "dflash": "the block drafter trained with the DFlash loss",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    engine: str | None  # a key of ENGINE_DRAFTERS; None = HF generate
+    settings: dict = field(default_factory=dict)  # SpecSettings fields, or HF generation settings
+    strict: bool = True  # lossless: must reproduce ``ar``'s tokens exactly
+    needs: str | None = None  # the optional config field that names its model
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str  # corpus row id (the HumanEval task id for HumanEval)
+    workload: str  # "humaneval" | "sharegpt"
+    ids: list[int]  # chat-templated prompt token ids
+
+
+@dataclass(frozen=True)
+class Record:
+    """One timed generation."""
+
+    method: str
+    workload: str
+    prompt: str
+    repeat: int
+    tokens: list[int]  # generated tokens, the prompt excluded
+    seconds: float  # wall time of the call
+    stats: object | None  # RequestStats (our engine) or None (HF generate)
+    peak_rss_mb: float | None
+
+
+def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
+                 heuristic_initial: int, p: PacerSettings, asd_gate: float,
+                 asd_max_exceptions: int, asd_budgets: list[float], drafter_block: int,
+                 dflash_block: int | None) -> list[Method]:
+    """Every method, in report order. ``drafter_block`` is B of the main block drafter, which
+    drafts at most B - 1 tokens per pass (the engine caps any longer window at that)."""
+    cap = drafter_block - 1
+    methods = [
+        Method("ar", "plain", note="our engine, no drafter: the baseline"),
+        Method("hf_generate", None, note="HF generate, greedy"),
+        Method("hf_prompt_lookup", None, {"prompt_lookup_num_tokens": lookup_tokens},
+               note=f"HF generate, prompt_lookup_num_tokens={lookup_tokens}"),
+        Method("ngram", "ngram", fixed(ngram_gamma), note=f"our n-gram drafter, gamma {ngram_gamma}"),
+    ]
+    for g in fixed_gammas:
+        note = f"gamma {g}" if g <= cap else f"gamma {g}, capped at B-1 = {cap} by the drafter"
+        methods.append(Method(f"fixed_{g}", "main", fixed(g), note=note))
+    heuristic = {"policy": "heuristic", "gamma": heuristic_initial, "max_draft": p.max_draft}
+    methods += [
+        Method("heuristic", "main", heuristic, note=f"HF's schedule from {heuristic_initial}"),
+        Method("pacer", "main", pacer(p), note=pacer_note(p)),
+    ]
+    for b in asd_budgets:
+        asd = {"verify": "asd", "asd_budget": b, "asd_gate": asd_gate,
+               "asd_max_exceptions": asd_max_exceptions}
+        methods.append(Method(f"pacer_asd_{b:g}", "main", pacer(p) | asd, strict=False,
+                              note=f"PACER + ASD, B={b:g}, g={asd_gate:g}, M={asd_max_exceptions}"))
+    rho1 = p.model_copy(update={"growth": 1.0})
+    methods += [
+        Method("pacer_no_position", "no_position", pacer(p), needs="preverifier_no_position",
+               note="PACER, pre-verifier without position embedding"),
+        Method("pacer_rho1", "main", pacer(rho1), note=pacer_note(rho1)),
+    ]
+    g = (dflash_block or drafter_block) - 1
+    methods.append(Method("dflash_fixed", "dflash", fixed(g), needs="drafter_dflash",
+                          note=f"DFlash-loss drafter, gamma {g} (B-1)"))
+    return methods
+
+
+def pacer_note(p: PacerSettings) -> str:
+    return (f"PACER b={p.block_size}, t={p.threshold:g}, rho={p.growth:g}, "
+            f"max {p.max_draft}")
+
+
+# ---- models ---------------------------------------------------------------------------------
+@dataclass
+class Models:
+    engines: dict  # key -> Engine
+    hf_model: object  # the target's HF model (shared by every engine)
+    tokenizer: object
+    eos: list[int]
+
+
+def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
+                device: str) -> Models:
+    """Load each model once and build the engines in ``engines``. refs: target, drafter,
+    preverifier, drafter_dflash, preverifier_no_position (local paths, or None if absent)."""
+    from specdec.engine.engine import Engine
+    from specdec.engine.loading import load_drafter, load_preverifier, target_taps
+    from specdec.models.ngram import NgramDrafter
+    from specdec.models.target import TargetModel
+
+    base = TargetModel.from_pretrained(refs["target"], dtype=dtype, device=device)
+
+    def tapped(ref: str) -> TargetModel:  # the same HF model, tapping what ``ref`` reads
+        return TargetModel(base.model, base.tokenizer, target_taps(ref))
+
+    out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
+    if engines & {"main", "no_position"}:
+        target = tapped(refs["drafter"])
+        drafter = load_drafter(refs["drafter"], target, dtype)
+        out["main"] = Engine(target, drafter, load_preverifier(refs["preverifier"], drafter))
+        if "no_position" in engines:
+            pre = load_preverifier(refs["preverifier_no_position"], drafter)
+            out["no_position"] = Engine(target, drafter, pre)
+    if "dflash" in engines:
+        target = tapped(refs["drafter_dflash"])
+        out["dflash"] = Engine(target, load_drafter(refs["drafter_dflash"], target, dtype))
+    return Models(out, base.model, base.tokenizer, sorted(base.eos_token_ids))
+
+
+# ---- one timed call -------------------------------------------------------------------------
+Runner = Callable[[list[int], int], tuple[list[int], object | None]]  # (ids, n) -> tokens, stats
+
+
+def engine_runner(engine, settings: dict) -> Runner:
+    from specdec.engine.settings import GenerationParams, SpecSettings
+
+    spec = SpecSettings(**settings)
+
+    def run(prompt_ids: list[int], max_new_tokens: int):
+        out = engine.generate(prompt_ids, GenerationParams(max_new_tokens, spec=spec))
+        return out.token_ids, out.stats
+
+    return run
+
+
+def hf_runner(model, eos: list[int], settings: dict) -> Runner:
+    import torch
+    from transformers import GenerationConfig
+
+    def run(prompt_ids: list[int], max_new_tokens: int):
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
+        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos, pad_token_id=eos[0] if eos else None,
+                                  **settings)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                 generation_config=config)
+        return out[0, len(prompt_ids):].tolist(), None
+
+    return run
+
+
+def runners(methods: list[Method], models: Models) -> dict[str, Runner]:
+    return {m.name: (engine_runner(models.engines[m.engine], m.settings) if m.engine
+                     else hf_runner(models.hf_model, models.eos, m.settings)) for m in methods}
+
+
+# ---- peak memory ----------------------------------------------------------------------------
+def reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (VmHWM) on Linux; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+# ---- the measurement ------------------------------------------------------------------------
+def warm_up(run: dict[str, Runner], prompt: Prompt, tokens: int) -> None:
+    for runner in run.values():
+        runner(prompt.ids, tokens)
+
+
+def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner],
+            max_new_tokens: int, repeats: int, progress: bool = True) -> list[Record]:
+    """Every method on every prompt, ``repeats`` times, interleaved and rotated."""
+    records = []
+    bar = tqdm(total=repeats * len(prompts) * len(methods), desc="benchmark", disable=not progress)
+    for r in range(repeats):
+        for i, prompt in enumerate(prompts):
+            shift = (r * len(prompts) + i) % len(methods)
+            for m in methods[shift:] + methods[:shift]:
+                reset_peak_rss()
+                t0 = time.perf_counter()
+                tokens, stats = run[m.name](prompt.ids, max_new_tokens)
+                seconds = time.perf_counter() - t0
+                records.append(Record(m.name, prompt.workload, prompt.id, r, tokens, seconds,
+                                      stats, peak_rss_mb()))
+                bar.update()
+    bar.close()
+    return records

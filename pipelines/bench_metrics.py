@@ -1,0 +1,195 @@
+"""The engine benchmark's numbers: per method and workload, then the claims and the goals.
+
+Definitions, used everywhere in the results:
+
+- tokens/s: per repeat, the workload's generated tokens over the summed wall time of its calls
+  (long outputs weigh more, as in a stream of requests); the median over repeats.
+- ratio to ar: tokens/s over ``ar``'s tokens/s on the same workload, same run.
+- mean accepted length: tokens committed per verify round (accepted drafts + the bonus token);
+  1.0 for ``ar``. Counts (lengths, acceptance per position, draft lengths) come from repeat 0:
+  the outputs are deterministic, so the other repeats repeat them.
+- target passes per 100 tokens: target forwards, the prefill included, per 100 tokens.
+- time shares: summed drafter / pre-verifier / target seconds from the engine's stats over the
+  summed engine total; overhead is the rest (verification glue, bookkeeping, Python).
+- same as ar: the share of (prompt, repeat) outputs equal token for token to ``ar``'s output of
+  that prompt and repeat; a strict (lossless) method must reach 1.0.
+- pass@1: the share of repeat-0 HumanEval replies that pass the problem's tests (greedy, so one
+  sample per problem).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipelines import humaneval
+from pipelines.bench_methods import Method, Record
+
+
+def speed(records: list[Record]) -> list[float]:
+    """tokens/s of each repeat, in repeat order."""
+    sums: dict[int, list[float]] = defaultdict(lambda: [0, 0.0])
+    for r in records:
+        sums[r.repeat][0] += len(r.tokens)
+        sums[r.repeat][1] += r.seconds
+    return [t / s if s else 0.0 for _, (t, s) in sorted(sums.items())]
+
+
+def engine_counts(records: list[Record]) -> dict:
+    """Speculation counts from the engine's stats (repeat 0) and time shares (all repeats)."""
+    first = [r.stats for r in records if r.repeat == 0]
+    rounds = sum(s.rounds for s in first)
+    committed = sum(s.committed for s in first)
+    drafted, accepted = sum(s.drafted for s in first), sum(s.accepted for s in first)
+    at_d, at_a, lengths = Counter(), Counter(), Counter()
+    for s in first:
+        at_d.update(dict(enumerate(s.drafted_at)))
+        at_a.update(dict(enumerate(s.accepted_at)))
+        lengths.update(s.draft_lengths)
+    times = {k: sum(getattr(r.stats, f"{k}_s") for r in records)
+             for k in ("drafter", "preverifier", "target", "total")}
+    total = times.pop("total") or 1.0
+    shares = {k: v / total for k, v in times.items()}
+    shares["overhead"] = max(0.0, 1.0 - sum(shares.values()))
+    return {
+        "mean_accepted_length": committed / rounds if rounds else None,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "target_passes_per_100_tokens": 100 * sum(s.target_passes for s in first) / max(committed, 1),
+        "acceptance_at": [at_a[i] / at_d[i] for i in range(len(at_d))],
+        "draft_lengths": {int(k): v for k, v in sorted(lengths.items())},
+        "time_share": shares,
+        "regret_per_request": sum(s.regret_spent for s in first) / max(len(first), 1),
+        "exceptions_per_request": sum(s.exceptions for s in first) / max(len(first), 1),
+    }
+
+
+def method_metrics(records: list[Record], reference: dict, m: Method) -> dict:
+    tps = speed(records)
+    same = [r.tokens == reference.get((r.workload, r.prompt, r.repeat)) for r in records]
+    rss = [r.peak_rss_mb for r in records if r.peak_rss_mb is not None]
+    out = {"tokens_per_s": statistics.median(tps), "tokens_per_s_repeats": tps,
+           "tokens": sum(len(r.tokens) for r in records if r.repeat == 0),
+           "seconds": sum(r.seconds for r in records), "same_as_ar": sum(same) / len(same),
+           "strict": m.strict, "peak_rss_mb": max(rss) if rss else None}
+    if m.engine is not None:
+        out |= engine_counts(records)
+    if m.strict:
+        out["lossless"] = out["same_as_ar"] == 1.0
+    return out
+
+
+def summarise(records: list[Record], methods: list[Method]) -> dict[str, dict[str, dict]]:
+    """workload -> method -> metrics; ``ratio_to_ar`` added where ``ar`` was measured."""
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r.workload, r.method)].append(r)
+    reference = {(r.workload, r.prompt, r.repeat): r.tokens for r in records if r.method == "ar"}
+    out: dict[str, dict[str, dict]] = {}
+    for m in methods:
+        for (workload, name), rs in groups.items():
+            if name == m.name:
+                out.setdefault(workload, {})[name] = method_metrics(rs, reference, m)
+    for per_method in out.values():
+        ar = per_method.get("ar", {}).get("tokens_per_s")
+        for metrics in per_method.values():
+            metrics["ratio_to_ar"] = metrics["tokens_per_s"] / ar if ar else None
+    return out
+
+
+def pass_at_1(records: list[Record], decode: Callable[[list[int]], str], timeout_s: float,
+              progress: bool = True) -> dict[str, float]:
+    """method -> HumanEval pass@1 over repeat 0; identical replies are executed once."""
+    from tqdm import tqdm
+
+    todo = [r for r in records if r.workload == "humaneval" and r.repeat == 0]
+    verdicts: dict[tuple[str, str], bool] = {}
+    passed: dict[str, list[bool]] = defaultdict(list)
+    for r in tqdm(todo, desc="humaneval tests", disable=not progress):
+        key = (r.prompt, decode(r.tokens))
+        if key not in verdicts:
+            verdicts[key] = humaneval.passes(humaneval.problems()[r.prompt], key[1], timeout_s)
+        passed[r.method].append(verdicts[key])
+    return {m: sum(v) / len(v) for m, v in passed.items()}
+
+
+# ---- claims and goals -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    """``num`` against ``den`` on one metric: a ratio, or a difference in points (x100)."""
+
+    title: str
+    metric: str  # a key of the per-method metrics
+    num: str  # method name
+    den: tuple[str, ...]  # method name, or candidates: the best of them on the metric
+    workloads: tuple[str, ...] = ("humaneval", "sharegpt")
+    minimum: float | None = None  # a goal: passes when the value is at least this
+    points: bool = False  # value = 100 * (num - den) instead of num / den
+
+
+def evaluate(c: Comparison, summary: dict, missing: dict[str, str]) -> list[dict]:
+    rows = []
+    for w in c.workloads:
+        have = summary.get(w, {})
+        row = {"title": c.title, "workload": w, "metric": c.metric, "numerator": c.num,
+               "value": None, "minimum": c.minimum, "passed": None, "points": c.points}
+        dens = [d for d in c.den if have.get(d, {}).get(c.metric) is not None]
+        absent = [n for n in (c.num, *c.den) if n in missing or n not in have]
+        if have.get(c.num, {}).get(c.metric) is None or not dens:
+            name = next((n for n in absent if n in missing), absent[0] if absent else c.num)
+            row["note"] = missing.get(name, f"not measured: {name} was not run or has no {c.metric}")
+            rows.append(row)
+            continue
+        den = max(dens, key=lambda d: have[d][c.metric])
+        a, b = have[c.num][c.metric], have[den][c.metric]
+        value = 100 * (a - b) if c.points else (a / b if b else None)
+        row |= {"denominator": den, "num_value": a, "den_value": b, "value": value}
+        if c.minimum is not None and value is not None:
+            row["passed"] = value >= c.minimum
+        rows.append(row)
+    return rows
+
+
+def claims(asd_methods: list[str], fixed_methods: list[str], dpace_fixed: str | None) -> list[Comparison]:
+    tps, mal = "tokens_per_s", "mean_accepted_length"
+    out = [
+        Comparison("D-PACE vs DFlash loss: mean accepted length at gamma B-1", mal,
+                   dpace_fixed or "dflash_fixed", ("dflash_fixed",)),
+        Comparison("PACER vs the best fixed gamma: tokens/s", tps, "pacer", tuple(fixed_methods)),
+        Comparison("PACER vs PACER without position embedding: tokens/s", tps, "pacer",
+                   ("pacer_no_position",)),
+        Comparison("PACER vs PACER without position embedding: mean accepted length", mal,
+                   "pacer", ("pacer_no_position",)),
+        Comparison("PACER vs PACER with rho = 1: tokens/s", tps, "pacer", ("pacer_rho1",)),
+        Comparison("PACER vs PACER with rho = 1: mean accepted length", mal, "pacer",
+                   ("pacer_rho1",)),
+    ]
+    for m in asd_methods:
+        out.append(Comparison(f"{m} vs PACER strict: tokens/s", tps, m, ("pacer",)))
+        out.append(Comparison(f"{m} vs PACER strict: HumanEval pass@1 (points)", "pass_at_1", m,
+                              ("pacer",), ("humaneval",), points=True))
+    return out
+
+
+def goals(asd_methods: list[str], fixed_methods: list[str], dpace_fixed: str | None) -> list[Comparison]:
+    tps = "tokens_per_s"
+    out = [
+        Comparison("PACER >= 2.5x AR on HumanEval", tps, "pacer", ("ar",), ("humaneval",), 2.5),
+        Comparison("PACER >= 2x AR on chat", tps, "pacer", ("ar",), ("sharegpt",), 2.0),
+        Comparison("PACER >= 1.10x the best fixed gamma", tps, "pacer", tuple(fixed_methods),
+                   minimum=1.10),
+    ]
+    for m in asd_methods:
+        out.append(Comparison(f"{m} >= 1.05x PACER strict", tps, m, ("pacer",), minimum=1.05))
+        out.append(Comparison(f"{m}: HumanEval pass@1 within 1.0 point of AR", "pass_at_1", m,
+                              ("ar",), ("humaneval",), minimum=-1.0, points=True))
+    out += [
+        Comparison("D-PACE >= 1.05x DFlash loss in mean accepted length", "mean_accepted_length",
+                   dpace_fixed or "dflash_fixed", ("dflash_fixed",), minimum=1.05),
+        Comparison("PACER >= 1.5x HF prompt lookup on HumanEval", tps, "pacer",
+                   ("hf_prompt_lookup",), ("humaneval",), 1.5),
+        Comparison("our AR at least as fast as HF generate greedy", tps, "ar", ("hf_generate",),
+                   minimum=1.0),
+    ]
+    return out

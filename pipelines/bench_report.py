@@ -1,0 +1,135 @@
+"""The engine benchmark's report: machine facts and the Markdown of one run's results.
+
+``results`` is the dict written to ``results.json``: ``meta`` (date, command, machine, commit,
+settings), ``methods`` (name -> what it runs), ``not_measured`` (name -> why), ``workloads``
+(workload -> prompt ids and method -> metrics), ``claims`` and ``goals`` (rows from
+``pipelines.bench_metrics.evaluate``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def machine(device: str) -> dict:
+    import torch
+
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "platform": platform.platform(), "device": device,
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+# ---- Markdown -------------------------------------------------------------------------------
+def _num(x, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+COLUMNS = ("method | tokens/s | vs ar | mean acc. len | target passes /100 tok | drafter | "
+           "pre-verifier | target | overhead | peak RSS MB | same as ar | regret /req | pass@1")
+
+
+def method_row(name: str, m: dict) -> str:
+    share = m.get("time_share") or {}
+    cells = [name, _num(m["tokens_per_s"]), _num(m.get("ratio_to_ar")),
+             _num(m.get("mean_accepted_length")), _num(m.get("target_passes_per_100_tokens"), ".1f"),
+             _pct(share.get("drafter")), _pct(share.get("preverifier")), _pct(share.get("target")),
+             _pct(share.get("overhead")), _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
+             _num(m.get("regret_per_request")) if not m["strict"] else "-",
+             _pct(m.get("pass_at_1"))]
+    return "| " + " | ".join(cells) + " |"
+
+
+def workload_table(name: str, w: dict) -> list[str]:
+    lines = [f"### {name} ({len(w['prompts'])} prompts)", "", f"| {COLUMNS} |",
+             "|" + " --- |" * len(COLUMNS.split("|"))]
+    lines += [method_row(m, metrics) for m, metrics in w["methods"].items()]
+    broken = [m for m, x in w["methods"].items() if x.get("lossless") is False]
+    lines += ["", "Lossless check (strict methods reproduce ar token for token): "
+              + ("all pass." if not broken else "FAILED for " + ", ".join(broken) + "."), ""]
+    return lines
+
+
+def comparison_rows(rows: list[dict], goal: bool) -> list[str]:
+    head = "| goal | workload | measured | minimum | result |" if goal else \
+        "| claim | workload | measured | against |"
+    lines = [head, "|" + " --- |" * (5 if goal else 4)]
+    for r in rows:
+        unit = " points" if r["points"] else ""
+        if r["value"] is None:
+            value, against = r.get("note", "not measured"), "-"
+        else:
+            value = f"{r['value']:.3f}{unit} ({r['num_value']:.3g} vs {r['den_value']:.3g})"
+            against = r["denominator"]
+        if goal:
+            result = "-" if r["passed"] is None else ("pass" if r["passed"] else "MISS")
+            lines.append(f"| {r['title']} | {r['workload']} | {value} | "
+                         f"{_num(r['minimum'], 'g')} | {result} |")
+        else:
+            lines.append(f"| {r['title']} | {r['workload']} | {value} | {against} |")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    meta, mach = results["meta"], results["meta"]["machine"]
+    lines = [
+        f"# Engine benchmark, {meta['date']}", "",
+        f"Command: `{meta['command']}` (commit {meta['git']['commit'][:12]}"
+        f"{', uncommitted changes' if meta['git']['dirty'] else ''}).",
+        f"Machine: {mach['cpu']}, {mach['cores']} cores, torch {mach['torch']} on "
+        f"{mach['device']} with {mach['torch_threads']} threads, Python {mach['python']}.",
+        f"Pair: target {meta['target']} ({meta['dtype']}), drafter {meta['drafter']}, "
+        f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "
+        f"{meta['repeats']} repeats, methods interleaved per prompt.", "",
+        "tokens/s: per repeat, the workload's tokens over the summed wall time of its calls; "
+        "median over repeats. Time shares come from the engine's own timers (HF generate has "
+        "none). Peak RSS: the process's peak during the method's calls, with every model "
+        "loaded. Mean accepted length: tokens committed per verify round.", "",
+        "## Methods", "",
+    ]
+    lines += [f"- `{n}`: {m['note']}" for n, m in results["methods"].items()]
+    lines += [f"- `{n}`: {why}" for n, why in results["not_measured"].items()]
+    lines.append("")
+    lines.append("## Results")
+    lines.append("")
+    for name, w in results["workloads"].items():
+        lines += workload_table(name, w)
+    lines += ["## Research claims", ""] + comparison_rows(results["claims"], goal=False)
+    lines += ["", "## Goals (issue 5)", ""] + comparison_rows(results["goals"], goal=True)
+    return "\n".join(lines) + "\n"
