@@ -10,7 +10,8 @@ not measured.
 ``measure`` runs in the calling process, one generation at a time: for each repeat, for each
 prompt, every method on that prompt, the order rotated from prompt to prompt so that machine
 drift hits every method alike. Each call is timed on the wall clock, and the process's peak RSS
-is reset before it and read after it (Linux ``/proc``; None elsewhere).
+is reset before it and read after it (Linux ``/proc``; None elsewhere). With a journal
+(``bench_journal``) every call is saved as it completes and a rerun skips the saved ones.
 """
 
 from __future__ import annotations
@@ -212,20 +213,31 @@ def warm_up(run: dict[str, Runner], prompt: Prompt, tokens: int) -> None:
 
 
 def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner],
-            max_new_tokens: int, repeats: int, progress: bool = True) -> list[Record]:
-    """Every method on every prompt, ``repeats`` times, interleaved and rotated."""
+            max_new_tokens: int, repeats: int, progress: bool = True,
+            journal=None) -> list[Record]:
+    """Every method on every prompt, ``repeats`` times, interleaved and rotated. Calls already
+    in ``journal`` (a ``bench_journal.Journal``) are taken from it; new ones are added to it."""
     records = []
     bar = tqdm(total=repeats * len(prompts) * len(methods), desc="benchmark", disable=not progress)
     for r in range(repeats):
         for i, prompt in enumerate(prompts):
             shift = (r * len(prompts) + i) % len(methods)
             for m in methods[shift:] + methods[:shift]:
-                reset_peak_rss()
-                t0 = time.perf_counter()
-                tokens, stats = run[m.name](prompt.ids, max_new_tokens)
-                seconds = time.perf_counter() - t0
-                records.append(Record(m.name, prompt.workload, prompt.id, r, tokens, seconds,
-                                      stats, peak_rss_mb()))
+                record = journal.get(r, prompt.id, m.name) if journal is not None else None
+                if record is None:
+                    record = timed_call(run[m.name], m, prompt, r, max_new_tokens)
+                    if journal is not None:
+                        journal.add(record)
+                records.append(record)
                 bar.update()
     bar.close()
     return records
+
+
+def timed_call(runner: Runner, m: Method, prompt: Prompt, repeat: int, n: int) -> Record:
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    tokens, stats = runner(prompt.ids, n)
+    seconds = time.perf_counter() - t0
+    return Record(m.name, prompt.workload, prompt.id, repeat, tokens, seconds, stats,
+                  peak_rss_mb())

@@ -3,7 +3,8 @@
 Definitions, used everywhere in the results:
 
 - tokens/s: per repeat, the workload's generated tokens over the summed wall time of its calls
-  (long outputs weigh more, as in a stream of requests); the median over repeats.
+  (each call end to end, prefill included; long outputs weigh more, as in a stream of
+  requests); the median over repeats.
 - ratio to ar: tokens/s over ``ar``'s tokens/s on the same workload, same run.
 - mean accepted length: tokens committed per verify round (accepted drafts + the bonus token);
   1.0 for ``ar``. Counts (lengths, acceptance per position, draft lengths) come from repeat 0:
@@ -86,11 +87,12 @@ def summarise(records: list[Record], methods: list[Method]) -> dict[str, dict[st
     for r in records:
         groups[(r.workload, r.method)].append(r)
     reference = {(r.workload, r.prompt, r.repeat): r.tokens for r in records if r.method == "ar"}
-    out: dict[str, dict[str, dict]] = {}
-    for m in methods:
-        for (workload, name), rs in groups.items():
-            if name == m.name:
-                out.setdefault(workload, {})[name] = method_metrics(rs, reference, m)
+    workloads = list(dict.fromkeys(r.workload for r in records))
+    out: dict[str, dict[str, dict]] = {w: {} for w in workloads}
+    for m in methods:  # report order: the method table's
+        for w in workloads:
+            if (w, m.name) in groups:
+                out[w][m.name] = method_metrics(groups[(w, m.name)], reference, m)
     for per_method in out.values():
         ar = per_method.get("ar", {}).get("tokens_per_s")
         for metrics in per_method.values():

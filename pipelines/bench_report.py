@@ -117,7 +117,8 @@ def markdown(results: dict) -> str:
         f"Pair: target {meta['target']} ({meta['dtype']}), drafter {meta['drafter']}, "
         f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "
         f"{meta['repeats']} repeats, methods interleaved per prompt.", "",
-        "tokens/s: per repeat, the workload's tokens over the summed wall time of its calls; "
+        "tokens/s: per repeat, the workload's tokens over the summed wall time of its calls "
+        "(prefill included); "
         "median over repeats. Time shares come from the engine's own timers (HF generate has "
         "none). Peak RSS: the process's peak during the method's calls, with every model "
         "loaded. Mean accepted length: tokens committed per verify round.", "",

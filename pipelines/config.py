@@ -86,7 +86,25 @@ def parse_config(schema: type[C], data: dict, source: str = "<dict>") -> C:
         raise ValueError(f"invalid config {source}: {err}") from None
 
 
-def load_config(schema: type[C], path: str | Path) -> C:
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """``["repeats=1", "workloads.sharegpt.count=5"]`` -> a copy of ``data`` with those keys set
+    (dotted keys; values parsed as YAML, so ``[2, 4]`` is a list and ``null`` is None)."""
+    out = dict(data)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} is not KEY=VALUE")
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def load_config(schema: type[C], path: str | Path, overrides: list[str] | None = None) -> C:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
@@ -94,6 +112,8 @@ def load_config(schema: type[C], path: str | Path) -> C:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"config {path} is not valid YAML: {err}") from None
+    if overrides and isinstance(data, dict):
+        data = apply_overrides(data, overrides)
     return parse_config(schema, data, str(path))
 
 

@@ -1,0 +1,177 @@
+"""Job: the engine benchmark (issue 5): how much faster each method decodes the same target.
+
+    python -m pipelines.benchmark --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
+
+Workloads: a fixed HumanEval subset (the first N problems by task number) and held-out ShareGPT
+chat prompts (a seeded choice), both from the corpus's ``benchmark`` split (chat-templated
+prompt ids; never training data). Methods (``pipelines.bench_methods``): our engine with no
+drafter (``ar``, the baseline), HF ``generate`` greedy and with prompt lookup, our n-gram
+drafter, fixed windows, the heuristic schedule, PACER, PACER + ASD at several budgets, and the
+ablations (PACER without position embedding, PACER with rho = 1, the DFlash-loss drafter).
+A method whose optional model is not configured is reported as not measured, never estimated.
+
+Everything runs in this process, sequentially (no Ray: timing must not share cores with other
+benchmark work), interleaved per prompt. Numbers and their definitions: ``bench_metrics``.
+Outputs in ``out_dir``: ``results.json``, ``results.md`` and PNG plots, all also logged as the
+artifacts of one MLflow run. ``--quick`` runs 3 HumanEval + 2 ShareGPT prompts, once, at most 64
+new tokens, into ``quick_out_dir``, so that it never overwrites a full run. Every timed call is
+journaled to ``out_dir/records.jsonl`` as it completes: rerunning the same command after an
+interruption continues where it stopped. Bad input (a missing file, an unknown method) fails
+before any model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipelines.bench_config import BenchmarkConfig, Plan, check
+from pipelines.bench_journal import Journal, fingerprint
+from pipelines.bench_methods import ENGINE_DRAFTERS
+from pipelines.config import load_config
+
+__all__ = ["BenchmarkConfig", "check", "main", "run"]
+
+
+# ---- the run --------------------------------------------------------------------------------
+def measure_all(cfg: BenchmarkConfig, plan: Plan):
+    """Load the models, warm every method up, measure; then score HumanEval replies."""
+    import torch
+
+    from pipelines import bench_methods as bm
+    from pipelines.bench_metrics import pass_at_1, summarise
+
+    torch.set_num_threads(cfg.torch_threads)
+    engines = {m.engine for m in plan.methods if m.engine}
+    models = bm.load_models(plan.refs, engines, cfg.dtype, cfg.device)
+    run = bm.runners(plan.methods, models)
+    bm.warm_up(run, plan.prompts[0], cfg.warmup_tokens)
+    key = fingerprint(cfg.model_dump(), [p.id for p in plan.prompts])
+    journal = Journal(Path(cfg.out_dir) / "records.jsonl", key)
+    if journal.done:
+        print(f"benchmark: resuming, {len(journal.done)} calls already in {journal.path}")
+    records = bm.measure(plan.prompts, plan.methods, run, cfg.max_new_tokens, cfg.repeats,
+                         cfg.progress, journal)
+    summary = summarise(records, plan.methods)
+    if "humaneval" in summary:
+        decode = lambda ids: models.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        scores = pass_at_1(records, decode, cfg.humaneval_timeout_s, cfg.progress)
+        for name, score in scores.items():
+            summary["humaneval"][name]["pass_at_1"] = score
+    return summary
+
+
+def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, list[dict]]:
+    """The research claims and the issue's goals, evaluated on this run's summary."""
+    from pipelines.bench_metrics import claims, evaluate, goals
+
+    asd = [f"pacer_asd_{b:g}" for b in cfg.asd.budgets]
+    fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
+    # D-PACE's side of the loss comparison: the fixed window that drafts as many tokens per
+    # round as dflash_fixed does (B - 1, the engine caps longer windows at that)
+    gamma = min(plan.block, plan.dflash_block or plan.block) - 1
+    dpace = next((f"fixed_{g}" for g in sorted(cfg.fixed_gammas)
+                  if min(g, plan.block - 1) == gamma), None)
+    missing = dict(plan.missing)
+    if dpace is None:
+        missing.setdefault("dflash_fixed",
+                           f"not measured: no fixed window drafts {gamma} tokens per round")
+    return {kind: [row for c in make(asd, fixed, dpace) for row in evaluate(c, summary, missing)]
+            for kind, make in (("claims", claims), ("goals", goals))}
+
+
+def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
+                 quick: bool) -> dict:
+    from pipelines import bench_report
+    from pipelines.bench_methods import reset_peak_rss
+
+    meta = {"date": bench_report.now(), "command": command, "quick": quick,
+            "machine": bench_report.machine(cfg.device), "git": bench_report.git_commit(),
+            "target": cfg.target, "dtype": cfg.dtype, "drafter": cfg.drafter,
+            "preverifier": cfg.preverifier, "drafter_dflash": cfg.drafter_dflash,
+            "preverifier_no_position": cfg.preverifier_no_position, "prompts": cfg.prompts,
+            "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "seed": cfg.seed,
+            "pacer": plan.pacer.model_dump(), "pacer_defaults": cfg.pacer_defaults,
+            "asd": cfg.asd.model_dump(), "drafter_block_size": plan.block,
+            "peak_rss_reset": reset_peak_rss()}
+    methods = {m.name: {"runs": ENGINE_DRAFTERS.get(m.engine, "HF transformers generate"),
+                        "settings": m.settings, "strict": m.strict, "note": m.note}
+               for m in plan.methods}
+    workloads = {w: {"prompts": [p.id for p in plan.prompts if p.workload == w],
+                     "methods": per_method} for w, per_method in summary.items()}
+    return {"meta": meta, "methods": methods, "not_measured": plan.missing,
+            "workloads": workloads, **comparisons(cfg, plan, summary)}
+
+
+def write_outputs(results: dict, asd_methods: list[str], out_dir: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    from pipelines.bench_plots import figures
+    from pipelines.bench_report import markdown
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "results.json", out_dir / "results.md"]
+    paths[0].write_text(json.dumps(results, indent=2) + "\n")
+    paths[1].write_text(markdown(results))
+    summary = {w: x["methods"] for w, x in results["workloads"].items()}
+    for stem, fig in figures(summary, asd_methods).items():
+        paths.append(out_dir / f"{stem}.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def log_run(cfg: BenchmarkConfig, results: dict, paths: list[Path], quick: bool) -> None:
+    import mlflow
+
+    from pipelines.tracking import log_params, start_run
+
+    with start_run(cfg.mlflow, "benchmark-quick" if quick else "benchmark"):
+        log_params(cfg.model_dump())
+        keys = ("tokens_per_s", "ratio_to_ar", "mean_accepted_length", "pass_at_1")
+        mlflow.log_metrics({f"{w}.{name}.{k}": m[k] for w, x in results["workloads"].items()
+                            for name, m in x["methods"].items() for k in keys
+                            if m.get(k) is not None})
+        for path in paths:
+            mlflow.log_artifact(str(path), "benchmark")
+
+
+def run(cfg: BenchmarkConfig, command: str = "", quick: bool = False) -> dict:
+    plan = check(cfg)
+    summary = measure_all(cfg, plan)
+    results = results_dict(cfg, plan, summary, command, quick)
+    asd = [m.name for m in plan.methods if not m.strict]
+    paths = write_outputs(results, asd, Path(cfg.out_dir))
+    log_run(cfg, results, paths, quick)
+    return results
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Engine benchmark: every method on the same prompts.")
+    ap.add_argument("--config", required=True, help="YAML file (configs/bench/default.yaml)")
+    ap.add_argument("--quick", action="store_true",
+                    help="3 HumanEval + 2 ShareGPT prompts, 1 repeat, <= 64 tokens, quick_out_dir")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key (dotted; YAML value), e.g. --set repeats=1")
+    args = ap.parse_args(argv)
+    cfg = load_config(BenchmarkConfig, args.config, args.set)
+    if args.quick:
+        cfg = cfg.quick()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    results = run(cfg, "python -m pipelines.benchmark " + " ".join(argv), args.quick)
+    for w, x in results["workloads"].items():
+        for name, m in x["methods"].items():
+            ratio = "-" if m["ratio_to_ar"] is None else f"{m['ratio_to_ar']:.2f}x ar"
+            print(f"{w:9s} {name:18s} {m['tokens_per_s']:8.2f} tok/s  {ratio}")
+    for name, why in results["not_measured"].items():
+        print(f"{name}: {why}")
+    print(f"results: {Path(cfg.out_dir) / 'results.md'}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as err:  # bad input: the message says what and where
+        sys.exit(f"benchmark: {err}")
