@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export SPECDEC_HOME ?= $(CURDIR)/.specdec
 
-.PHONY: setup test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny
+.PHONY: setup test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default
 
 setup: $(STAMP)
 
@@ -22,7 +22,9 @@ $(STAMP): pyproject.toml
 test: setup
 	$(BIN)/python -m pytest -q
 
-# An embedded local Ray cluster serving configs/serve/local.yaml on http://127.0.0.1:8000.
+# An embedded local Ray cluster serving configs/serve/local.yaml on http://127.0.0.1:8000: the
+# committed trained pair (artifacts/smollm2-135m/, registered in $(SPECDEC_HOME)/mlflow.db on
+# first use) when it is there, else the n-gram drafter.
 SERVE_CONFIG ?= configs/serve/local.yaml
 serve: setup
 	RAY_AUTH_MODE=disabled $(BIN)/python -m cluster.serve_local $(SERVE_CONFIG)
@@ -57,6 +59,18 @@ pipelines-tiny: setup
 		SPECDEC_TINY=$(SPECDEC_TINY) RAY_AUTH_MODE=disabled $(BIN)/python -m pipelines.$$job \
 			--config configs/train/tiny/$$job.yaml || exit 1; \
 	done
+
+# The default pair (issue #5): corpus -> train_drafter -> simulate -> train_preverifier ->
+# evaluate (PACER sweep on dev) -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
+# stage timed. Hours on 2 cores. `make train-default FROM=simulate` reuses the recorded earlier
+# stages and continues there; FROM=export only re-exports; RECORD="train_drafter=RUN_ID ..."
+# records stages run by hand from their MLflow runs (pipelines/train_default.py).
+DEFAULT_PAIR ?= artifacts/smollm2-135m
+FROM         ?= corpus
+RECORD       ?=
+train-default: setup
+	RAY_AUTH_MODE=disabled $(BIN)/python -m pipelines.train_default --from $(FROM) \
+		$(foreach r,$(RECORD),--record $(r)) --out $(DEFAULT_PAIR)
 
 lint: setup
 	$(BIN)/ruff check specdec actors cluster pipelines tests

@@ -169,8 +169,9 @@ def main(argv: list[str] | None = None) -> None:
     extra = json.loads(Path(a.provenance_extra).read_text()) if a.provenance_extra else None
     if extra is not None and not isinstance(extra, dict):
         raise ValueError(f"--provenance-extra {a.provenance_extra} must hold a JSON object")
+    command = [sys.executable, "-m", "pipelines.export_default", *(argv or sys.argv[1:])]
     out = export(a.drafter, a.preverifier, a.out, a.pacer_defaults, extra, int(a.max_mb * 1e6),
-                 command=[sys.executable, "-m", "pipelines.export_default", *(argv or sys.argv[1:])])
+                 command)
     print(f"exported: {out} ({total_bytes(out) / 1e6:.2f} MB)")
 
 

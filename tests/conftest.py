@@ -69,3 +69,29 @@ def ray_cluster():
 
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_sources(tiny_llama, tmp_path_factory):
+    """A stand-in for the trained default pair of the tiny Llama target (float64): a block
+    drafter with a reduced vocabulary saved in a training checkpoint, a pre-verifier, and
+    PACER defaults as the evaluate job logs them."""
+    import json
+
+    from specdec.engine.loading import load_pair
+    from specdec.models.preverifier import PreVerifier, PreVerifierConfig
+
+    root = tmp_path_factory.mktemp("tiny-pair-sources")
+    pair = load_pair(tiny_llama["target"], tiny_llama["block-drafter"], dtype="float64")
+    drafter = pair.drafter.with_vocabulary(torch.arange(300))  # keeps EOS (258)
+    step = root / "checkpoints" / "step_0000040"
+    drafter.save(step / "drafter")
+    (step / "state.json").write_text(json.dumps({"step": 40, "loss": 2.5, "run_id": "r"}))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = PreVerifier(PreVerifierConfig(input_size=64, width=16, heads=2, max_positions=8))
+    pacer = root / "pacer_defaults.json"
+    pacer.write_text(json.dumps({"policy": "pacer", "block_size": 2, "threshold": 0.3,
+                                 "growth": 1.2, "max_draft": 5}))
+    return {"target": tiny_llama["target"], "drafter": str(step / "drafter"),
+            "preverifier": str(net.save(root / "preverifier")), "pacer_defaults": str(pacer)}
