@@ -263,6 +263,10 @@ def train_loop(loop_cfg: dict) -> None:
     loss_fn = make_loss(cfg.loss.name, **cfg.loss.params())
     sequences = shard(corpus, rank, world)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
+    if start_dir and start >= cfg.steps:  # resumed a finished run: hand back its last checkpoint
+        ray.train.report({"step": start}, checkpoint=ray.train.Checkpoint.from_directory(start_dir)
+                         if rank == 0 else None)
+        return
     for step in tqdm(range(start, cfg.steps), desc="train_drafter", disable=rank != 0,
                      initial=start, total=cfg.steps, mininterval=5):
         maybe_fail(cfg, step)

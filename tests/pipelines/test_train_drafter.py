@@ -3,6 +3,8 @@ failure is recovered from the last checkpoint (Ray Train FailureConfig)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,6 +82,14 @@ def test_resume_continues_the_step_counter(ray_session, store, tiny_llama, tiny_
     assert step_history(store, first["run_id"]) == [1, 2, 3]
     assert step_history(store, second["run_id"]) == [4, 5, 6]
     assert checkpoints.read_state(checkpoints.latest(run_dir))["step"] == 6
+    # resuming a finished run trains nothing and hands back the same drafter
+    third = train_drafter.run(drafter_config(store, tiny_llama, tiny_corpus, steps=6,
+                                             checkpoint_every=3, run_dir=str(run_dir),
+                                             resume=True))
+    assert step_history(store, third["run_id"]) == []
+    weights = "model.safetensors"
+    assert (Path(third["drafter"]) / weights).read_bytes() == \
+        (Path(second["drafter"]) / weights).read_bytes()
 
 
 @pytest.mark.slow
