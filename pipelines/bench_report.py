@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import time
 
 
@@ -24,16 +23,6 @@ def cpu_model() -> str:
         pass
     return platform.processor() or platform.machine()
 
-
-def git_commit() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
-
-    try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": "unknown", "dirty": None}
 
 
 def machine(device: str) -> dict:
@@ -110,7 +99,7 @@ def markdown(results: dict) -> str:
     meta, mach = results["meta"], results["meta"]["machine"]
     lines = [
         f"# Engine benchmark, {meta['date']}", "",
-        f"Command: `{meta['command']}` (commit {meta['git']['commit'][:12]}"
+        f"Command: `{meta['command']}` (commit {(meta['git']['commit'] or 'unknown')[:12]}"
         f"{', uncommitted changes' if meta['git']['dirty'] else ''}).",
         f"Machine: {mach['cpu']}, {mach['cores']} cores, torch {mach['torch']} on "
         f"{mach['device']} with {mach['torch_threads']} threads, Python {mach['python']}.",

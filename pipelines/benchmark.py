@@ -31,6 +31,7 @@ from pipelines.bench_config import BenchmarkConfig, Plan, check
 from pipelines.bench_journal import Journal, fingerprint
 from pipelines.bench_methods import ENGINE_DRAFTERS
 from pipelines.config import load_config
+from pipelines.tracking import git_state
 
 __all__ = ["BenchmarkConfig", "check", "main", "run"]
 
@@ -88,7 +89,7 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
     from pipelines.bench_methods import reset_peak_rss
 
     meta = {"date": bench_report.now(), "command": command, "quick": quick,
-            "machine": bench_report.machine(cfg.device), "git": bench_report.git_commit(),
+            "machine": bench_report.machine(cfg.device), "git": git_state(),
             "target": cfg.target, "dtype": cfg.dtype, "drafter": cfg.drafter,
             "preverifier": cfg.preverifier, "drafter_dflash": cfg.drafter_dflash,
             "preverifier_no_position": cfg.preverifier_no_position, "prompts": cfg.prompts,

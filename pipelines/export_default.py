@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipelines.tracking import git_state
 from specdec.engine.settings import SpecSettings
 from specdec.models.block_drafter import CONFIG_FILE as DRAFTER_CONFIG
 from specdec.models.block_drafter import BlockDrafter
@@ -80,17 +80,6 @@ def drafter_facts(ref: str, path: Path) -> dict:
         facts["checkpoint"] = json.loads(state.read_text())
     return facts
 
-
-def git_facts() -> dict:
-    """The commit this export was made from, and whether the work tree had changes."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
-
-    try:
-        return {"commit": git("rev-parse", "HEAD").strip(),
-                "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip())}
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None}
 
 
 def read_pacer_defaults(path: str | Path) -> dict:
@@ -143,7 +132,7 @@ def export(drafter: str, preverifier: str, out: str | Path, pacer_defaults: str 
                           (pre_dir / PREVERIFIER_CONFIG).read_text())},
                       "pacer_defaults": pacer,
                       "weights": "floating-point tensors bfloat16, integer buffers unchanged",
-                      "files": file_table(tmp), "git": git_facts(),
+                      "files": file_table(tmp), "git": git_state(),
                       "export_command": command or sys.argv,
                       "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")

@@ -9,6 +9,7 @@ own ``save``), never pickled, and registered as model versions whose source is t
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from pipelines.config import MlflowSettings
@@ -82,3 +83,17 @@ def register(settings: MlflowSettings, default_name: str, run, artifact_path: st
     if settings.champion:
         client.set_registered_model_alias(name, "champion", version.version)
     return f"models:/{name}/{version.version}"
+
+
+def git_state() -> dict:
+    """The commit the code runs from and whether tracked files had changes (provenance of
+    exports and benchmark results); ``{"commit": None, "dirty": None}`` outside a git clone."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
