@@ -34,7 +34,7 @@ RAY_PORT       ?= 6390
 DASHBOARD_PORT ?= 8265
 MLFLOW_PORT    ?= 5000
 SPECDEC_TINY   ?= $(SPECDEC_HOME)/tiny-models
-TRAIN_JOBS     := corpus train_drafter simulate train_preverifier evaluate
+TRAIN_JOBS     := corpus responses train_drafter simulate train_preverifier evaluate
 
 # A local Ray head for `ray job submit` (token auth off, as DESIGN.md says for local clusters);
 # jobs inherit PATH (so `python` is the venv's) and SPECDEC_HOME.
@@ -60,7 +60,7 @@ pipelines-tiny: setup
 			--config configs/train/tiny/$$job.yaml || exit 1; \
 	done
 
-# The default pair (issue #5): corpus -> train_drafter -> simulate -> train_preverifier ->
+# The default pair (issue #5): corpus -> responses -> train_drafter -> simulate -> train_preverifier ->
 # evaluate (PACER sweep on dev) -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
 # stage timed. Hours on 2 cores. `make train-default FROM=simulate` reuses the recorded earlier
 # stages and continues there; FROM=export only re-exports; RECORD="train_drafter=RUN_ID ..."

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pipelines.corpus import CorpusConfig
 from pipelines.evaluate import EvaluateConfig
+from pipelines.responses import ResponsesConfig
 from pipelines.simulate import SimulateConfig
 from pipelines.train_drafter import TrainDrafterConfig
 from pipelines.train_preverifier import TrainPreVerifierConfig
 
 SCHEMAS = {
     "corpus": CorpusConfig,
+    "responses": ResponsesConfig,
     "train_drafter": TrainDrafterConfig,
     "simulate": SimulateConfig,
     "train_preverifier": TrainPreVerifierConfig,

@@ -15,11 +15,15 @@ averaged with an all-reduce.
 
 from __future__ import annotations
 
+import argparse
+import json
+import math
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from pydantic import Field, model_validator
@@ -30,8 +34,8 @@ from pipelines.config import (
     MlflowSettings,
     Scaling,
     Strict,
-    cli_config,
     default_output,
+    load_config,
     target_name,
 )
 from pipelines.corpus import SCHEMA as CORPUS_SCHEMA
@@ -67,11 +71,16 @@ class TrainDrafterConfig(Strict):
     drafter: DrafterSettings = DrafterSettings()
     loss: LossSettings = LossSettings()
     labels: Literal["text", "distill"] = "distill"  # distill: the target's greedy predictions
+    # all: anchors anywhere; response: from the first response token on, as at inference (for a
+    # corpus of the target's own responses, pipelines.responses)
+    anchors: Literal["all", "response"] = "all"
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(4, ge=1)  # sequences per step and worker
     anchors_per_sequence: int = Field(24, ge=1)
     max_seq_len: int = Field(256, ge=3)
     lr: float = 3e-4
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up from 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: down to lr / 10 at the end
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     seed: int = 0
@@ -98,17 +107,27 @@ class TrainDrafterConfig(Strict):
 
 # ---- data ---------------------------------------------------------------------------------------
 
-def load_sequences(cfg: TrainDrafterConfig) -> list[list[int]]:
-    """Every corpus sequence of 3 or more tokens, cut to ``max_seq_len``."""
+class Text(NamedTuple):
+    """A training sequence and its first usable anchor (1, or the first response token)."""
+
+    ids: list[int]
+    first_anchor: int
+
+
+def load_sequences(cfg: TrainDrafterConfig) -> list[Text]:
+    """Every corpus sequence cut to ``max_seq_len`` that has an anchor with a label after it."""
     table = read_table(cfg.corpus, CORPUS_SCHEMA, "train_drafter.corpus")
-    seqs = [s[: cfg.max_seq_len] for s in table.column("input_ids").to_pylist()]
-    seqs = [s for s in seqs if len(s) >= 3]
-    if not seqs:
-        raise ValueError(f"corpus {cfg.corpus} has no sequence of 3 or more tokens")
-    return seqs
+    starts = table.column("prompt_len").to_pylist() if cfg.anchors == "response" else None
+    texts = [Text(ids[: cfg.max_seq_len], max(1, starts[i]) if starts else 1)
+             for i, ids in enumerate(table.column("input_ids").to_pylist())]
+    texts = [t for t in texts if len(t.ids) - t.first_anchor >= 2]
+    if not texts:
+        raise ValueError(f"corpus {cfg.corpus} has no sequence with an anchor and a label after "
+                         f"it (anchors: {cfg.anchors}, max_seq_len: {cfg.max_seq_len})")
+    return texts
 
 
-def shard(sequences: list[list[int]], rank: int, world: int) -> list[list[int]]:
+def shard(sequences: list[Text], rank: int, world: int) -> list[Text]:
     mine = sequences[rank::world]
     if not mine:
         raise ValueError(f"no corpus sequence for rank {rank} of {world}")
@@ -117,18 +136,20 @@ def shard(sequences: list[list[int]], rank: int, world: int) -> list[list[int]]:
 
 # ---- models -------------------------------------------------------------------------------------
 
-def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[list[int]]):
-    """-> (target with the drafter's taps, BlockDrafter). A fresh drafter takes its reduced
-    vocabulary from ``sequences`` and its layers from the target, as the config says."""
+def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[Text],
+                 device="cpu"):
+    """-> (target with the drafter's taps, BlockDrafter), both on ``device``. A fresh drafter
+    takes its reduced vocabulary from the label region of ``sequences`` and its layers from the
+    target, as the config says."""
     from specdec.models.block_drafter import BlockDrafter, BlockDrafterConfig
     from specdec.models.target import TargetModel
     from specdec.training.drafter_init import copy_target_layer, frequent_tokens
 
     if init_dir:
         config, _ = BlockDrafter.read_config(init_dir)
-        target = TargetModel.from_pretrained(cfg.target, cfg.dtype, config.tap_layers)
+        target = TargetModel.from_pretrained(cfg.target, cfg.dtype, config.tap_layers, device)
         return target, BlockDrafter.load(init_dir, target)
-    probe = TargetModel.from_pretrained(cfg.target, cfg.dtype)
+    probe = TargetModel.from_pretrained(cfg.target, cfg.dtype, device=device)
     d = cfg.drafter
     config = BlockDrafterConfig.for_target(probe, block_size=d.block_size,
                                            num_layers=d.num_layers, num_taps=d.num_taps,
@@ -139,7 +160,8 @@ def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[
         drafter = BlockDrafter.initialise(config, target, target_ref=cfg.target)
     if d.draft_vocab_size:
         # every rank sees the same vocabulary: it is counted before sharding (see train_loop)
-        vocab = frequent_tokens(sequences, d.draft_vocab_size, sorted(target.eos_token_ids))
+        vocab = frequent_tokens((t.ids[t.first_anchor:] for t in sequences), d.draft_vocab_size,
+                                sorted(target.eos_token_ids))
         drafter = drafter.with_vocabulary(vocab)
     if d.init_layer_from_target is not None:
         copy_target_layer(drafter.net, target, d.init_layer_from_target)
@@ -148,22 +170,22 @@ def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[
 
 # ---- one step -----------------------------------------------------------------------------------
 
-def make_batch(target, sequences: list[list[int]], block_size: int, anchors: int,
+def make_batch(target, sequences: list[Text], block_size: int, anchors: int,
                labels: str, gen: torch.Generator):
-    """-> (features [S, T, n*F], BlockBatch) for the sampled sequences."""
+    """-> (features [S, T, n*F], BlockBatch) for the sampled sequences, on the target's device."""
     from specdec.training.anchors import sample_anchors
     from specdec.training.block_batches import concat_blocks, distill_labels, sequence_blocks
     from specdec.training.target_features import sequence_features
 
-    feats = sequence_features(target, sequences)
+    feats = sequence_features(target, [t.ids for t in sequences])
+    greedy = feats.greedy_next.cpu() if labels == "distill" else None
     parts = []
-    for i, seq in enumerate(sequences):
+    for i, (seq, first) in enumerate(sequences):
         ids = torch.tensor(seq, dtype=torch.long)
-        label_seq = distill_labels(ids, feats.greedy_next[i, : len(seq)]) \
-            if labels == "distill" else None
-        parts.append(sequence_blocks(ids, sample_anchors(len(seq), anchors, gen), block_size,
-                                     label_seq))
-    return feats.features, concat_blocks(parts)
+        label_seq = distill_labels(ids, greedy[i, : len(seq)]) if greedy is not None else None
+        parts.append(sequence_blocks(ids, sample_anchors(len(seq), anchors, gen, first),
+                                     block_size, label_seq))
+    return feats.features, concat_blocks(parts).to(target.device)
 
 
 def accepted_prefix(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor):
@@ -196,6 +218,78 @@ def train_step(net, parts, target, sequences, cfg, loss_fn, gen, world: int) -> 
     return metrics
 
 
+# ---- the loop, shared by Ray Train workers and offline runs ------------------------------------
+
+def lr_at(cfg: TrainDrafterConfig, step: int, total: int) -> float:
+    """The learning rate of 0-based ``step`` of ``total``: linear warm-up, then constant or a
+    cosine down to lr / 10. Stateless, so a resumed run continues the same schedule."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    done = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * done)))
+
+
+@dataclass
+class Loop:
+    """Everything one worker's steps need."""
+
+    cfg: TrainDrafterConfig
+    target: object
+    drafter: object
+    opt: torch.optim.Optimizer
+    parts: object
+    loss_fn: object
+    sequences: list[Text]
+    start: int
+    rank: int = 0
+    world: int = 1
+
+
+def setup(cfg: TrainDrafterConfig, start_dir: Path | None, init_dir: str | None,
+          rank: int, world: int, device: torch.device) -> Loop:
+    from specdec.algorithms.losses import make_loss
+    from specdec.training.drafter_forward import FrozenTargetParts
+
+    torch.set_num_threads(cfg.scaling.torch_threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # training only; serving is unaffected
+    corpus = load_sequences(cfg)
+    target, drafter = build_models(cfg, str(start_dir / "drafter") if start_dir else init_dir,
+                                   corpus, device)
+    opt = torch.optim.AdamW(drafter.net.train().parameters(), lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    start = ckpt.read_state(start_dir)["step"] if start_dir else 0
+    if start_dir and start < cfg.steps:  # a finished run is only handed back: no optimiser
+        ckpt.load_optimizer(opt, start_dir)
+    parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
+    return Loop(cfg, target, drafter, opt, parts, make_loss(cfg.loss.name, **cfg.loss.params()),
+                shard(corpus, rank, world), start, rank, world)
+
+
+def one_step(loop: Loop, step: int, total: int) -> dict:
+    cfg = loop.cfg
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + loop.rank)
+    pick = torch.randint(len(loop.sequences), (cfg.batch_size,), generator=gen).tolist()
+    lr = lr_at(cfg, step, total)
+    for group in loop.opt.param_groups:
+        group["lr"] = lr
+    loop.opt.zero_grad(set_to_none=True)
+    metrics = train_step(loop.drafter.net, loop.parts, loop.target,
+                         [loop.sequences[i] for i in pick], cfg, loop.loss_fn, gen, loop.world)
+    loop.opt.step()
+    return metrics | {"step": step + 1, "lr": lr}
+
+
+def write_checkpoint(loop: Loop, step: int, metrics: dict, run_id: str) -> Path:
+    out = ckpt.step_dir(loop.cfg.output(), step)
+    loop.drafter.save(out / "drafter")
+    ckpt.save_optimizer(loop.opt, out)
+    ckpt.write_state(out, step, loss=metrics["loss"], run_id=run_id)
+    return out
+
+
 # ---- the Ray Train loop -------------------------------------------------------------------------
 
 def restore(cfg: TrainDrafterConfig, run_id: str) -> Path | None:
@@ -213,19 +307,6 @@ def restore(cfg: TrainDrafterConfig, run_id: str) -> Path | None:
     return None
 
 
-def save_checkpoint(cfg, drafter, opt, step: int, metrics: dict, rank: int, run_id: str):
-    import ray.train
-
-    if rank != 0:
-        ray.train.report(metrics)
-        return
-    out = ckpt.step_dir(cfg.output(), step)
-    drafter.save(out / "drafter")
-    ckpt.save_optimizer(opt, out)
-    ckpt.write_state(out, step, loss=metrics["loss"], run_id=run_id)
-    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(out))
-
-
 def maybe_fail(cfg: TrainDrafterConfig, step: int) -> None:
     """Fault injection, once per run directory: a worker process dies abruptly (as if killed);
     in the driver (num_workers 0) the loop raises instead, so the driver survives."""
@@ -241,46 +322,31 @@ def maybe_fail(cfg: TrainDrafterConfig, step: int) -> None:
 def train_loop(loop_cfg: dict) -> None:
     import mlflow
     import ray.train
-
-    from specdec.algorithms.losses import make_loss
-    from specdec.training.drafter_forward import FrozenTargetParts
+    from ray.train.torch import get_device
 
     cfg = TrainDrafterConfig.model_validate(loop_cfg["config"])
-    torch.set_num_threads(cfg.scaling.torch_threads)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = get_device() if cfg.scaling.use_gpu else torch.device("cpu")
     start_dir = restore(cfg, loop_cfg["run_id"])
-    corpus = load_sequences(cfg)
-    target, drafter = build_models(cfg, str(start_dir / "drafter") if start_dir
-                                   else loop_cfg.get("init_dir"), corpus)
-    net = drafter.net.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start = 0
-    if start_dir:
-        ckpt.load_optimizer(opt, start_dir)
-        start = ckpt.read_state(start_dir)["step"]
-    parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
-    loss_fn = make_loss(cfg.loss.name, **cfg.loss.params())
-    sequences = shard(corpus, rank, world)
+    loop = setup(cfg, start_dir, loop_cfg.get("init_dir"), rank, world, device)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
-    if start_dir and start >= cfg.steps:  # resumed a finished run: hand back its last checkpoint
-        ray.train.report({"step": start}, checkpoint=ray.train.Checkpoint.from_directory(start_dir)
-                         if rank == 0 else None)
+    if start_dir and loop.start >= cfg.steps:  # resumed a finished run: hand back its checkpoint
+        ray.train.report({"step": loop.start}, checkpoint=ray.train.Checkpoint.from_directory(
+            start_dir) if rank == 0 else None)
         return
-    for step in tqdm(range(start, cfg.steps), desc="train_drafter", disable=rank != 0,
-                     initial=start, total=cfg.steps, mininterval=5):
+    for step in tqdm(range(loop.start, cfg.steps), desc="train_drafter", disable=rank != 0,
+                     initial=loop.start, total=cfg.steps, mininterval=5):
         maybe_fail(cfg, step)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + rank)
-        pick = torch.randint(len(sequences), (cfg.batch_size,), generator=gen).tolist()
-        opt.zero_grad(set_to_none=True)
-        metrics = train_step(net, parts, target, [sequences[i] for i in pick], cfg, loss_fn,
-                             gen, world)
-        opt.step()
-        metrics["step"] = step + 1
+        metrics = one_step(loop, step, cfg.steps)
         if client is not None:
             log_step(client, loop_cfg["run_id"], metrics, step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(cfg, drafter, opt, step + 1, metrics, rank, loop_cfg["run_id"])
+            if rank != 0:
+                ray.train.report(metrics)
+                continue
+            out = write_checkpoint(loop, step + 1, metrics, loop_cfg["run_id"])
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(out))
 
 
 def log_step(client, run_id: str, metrics: dict, step: int) -> None:
@@ -289,6 +355,74 @@ def log_step(client, run_id: str, metrics: dict, step: int) -> None:
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, step)
                                       for k, v in metrics.items() if k != "step"])
+
+
+# ---- offline: one process, no Ray, no MLflow (a bare GPU machine) -------------------------------
+
+OFFLINE_RUN = "offline"
+OFFLINE_METRICS = "offline-metrics.jsonl"
+
+
+def run_offline(cfg: TrainDrafterConfig, minutes: float | None = None) -> dict:
+    """Train in this process on the GPU when there is one; checkpoints go to ``run_dir`` exactly
+    as the Ray job writes them, and metrics to ``run_dir/offline-metrics.jsonl``. A later
+    ``python -m pipelines.train_drafter`` with ``resume: true`` and the same ``steps`` hands the
+    result back through Ray Train, logs those metrics to MLflow and registers the drafter.
+
+    With ``minutes`` the step count is fitted to the time: after 12 steps, ``steps`` becomes
+    what the rest of the budget allows at their pace (the cosine schedule follows it); the
+    effective config is written to ``run_dir/offline-config.json``."""
+    from specdec.models.sources import parse_device
+
+    device = parse_device("auto")
+    started = time.perf_counter()
+    newest = ckpt.latest(cfg.output()) if cfg.resume else None
+    if cfg.drafter.init_from and not Path(cfg.drafter.init_from).is_dir():
+        raise ValueError("offline runs need drafter.init_from as a directory (no registry)")
+    loop = setup(cfg, newest, cfg.drafter.init_from, 0, 1, device)
+    total, step, paced_from = cfg.steps, loop.start, None
+    metrics: dict = {}
+    cfg.output().mkdir(parents=True, exist_ok=True)
+    with (cfg.output() / OFFLINE_METRICS).open("a") as log, \
+            tqdm(total=total, initial=step, desc="train_drafter (offline)", mininterval=5) as bar:
+        while step < total:
+            metrics = one_step(loop, step, total)
+            step += 1
+            log.write(json.dumps(metrics) + "\n")
+            bar.update()
+            if minutes and step - loop.start == 2:
+                paced_from = time.perf_counter()  # steps 1-2 warm the kernels up
+            if minutes and step - loop.start == 12:
+                pace = (time.perf_counter() - paced_from) / 10
+                left = minutes * 60 - (time.perf_counter() - started)
+                total = max(step, min(cfg.steps, step + int(left / pace)))
+                bar.total = total
+            if step % cfg.checkpoint_every == 0 or step == total:
+                write_checkpoint(loop, step, metrics, OFFLINE_RUN)
+    done = cfg.model_copy(update={"steps": total})
+    (cfg.output() / "offline-config.json").write_text(done.model_dump_json(indent=2))
+    return {"checkpoint": str(ckpt.step_dir(cfg.output(), total)), "steps": total,
+            "seconds": round(time.perf_counter() - started, 1), "device": str(device),
+            "metrics": metrics}
+
+
+def log_offline_metrics(cfg: TrainDrafterConfig) -> int:
+    """Log an offline run's metrics to the active MLflow run, once; -> the steps logged."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    path = cfg.output() / OFFLINE_METRICS
+    if not path.is_file():
+        return 0
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, int(m["step"])) for m in lines
+             for k, v in m.items() if k != "step"]
+    client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id
+    for at in range(0, len(batch), 1000):  # MLflow's limit per log_batch
+        client.log_batch(run_id, metrics=batch[at: at + 1000])
+    path.rename(path.with_suffix(".logged.jsonl"))
+    return len(lines)
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -339,6 +473,8 @@ def run(cfg: TrainDrafterConfig) -> dict:
     init_dir = preflight(cfg)
     with start_run(cfg.mlflow, "train_drafter") as run_:
         log_params(cfg.model_dump())
+        if cfg.resume:
+            log_offline_metrics(cfg)
         result = fit(cfg, run_, init_dir, tracking_uri(cfg.mlflow))
         if result.error:
             raise result.error
@@ -354,8 +490,18 @@ def run(cfg: TrainDrafterConfig) -> dict:
 
 
 def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Train the block drafter (Ray Train).")
+    parser.add_argument("--config", required=True, help="YAML file for this job")
+    parser.add_argument("--offline", action="store_true",
+                        help="this process alone, GPU if any, no Ray or MLflow (see run_offline)")
+    parser.add_argument("--minutes", type=float, help="offline: fit the step count to this time")
+    args = parser.parse_args(argv)
+    cfg = load_config(TrainDrafterConfig, args.config)
+    if args.offline:
+        print(json.dumps(run_offline(cfg, args.minutes), indent=2))
+        return
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    out = run(cli_config(TrainDrafterConfig, argv, "Train the block drafter (Ray Train)."))
+    out = run(cfg)
     print(f"drafter: {out['drafter']}\nregistered: {out['model_uri']}\nrun: {out['run_id']}")
 
 

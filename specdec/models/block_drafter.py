@@ -85,7 +85,7 @@ class RMSNorm(nn.Module):
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """x: [..., T, heads, d], pos: [..., T] absolute positions; rotate-half convention."""
     d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
     angles = pos[..., None].double() * inv_freq  # [..., T, d/2]
     cos = torch.cat([angles.cos()] * 2, -1)[..., None, :].to(x.dtype)  # [..., T, 1, d]
     sin = torch.cat([angles.sin()] * 2, -1)[..., None, :].to(x.dtype)

@@ -56,7 +56,7 @@ class PreVerifier(nn.Module):
             x = x + self.position(positions)
         t = x.shape[1]
         # blocked[s, i, j] is True where token i may NOT attend to token j
-        blocked = torch.ones(t, t, dtype=torch.bool).triu(1).expand(x.shape[0], t, t)
+        blocked = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1).expand(x.shape[0], t, t)
         if step_ids is not None:
             blocked = blocked | (step_ids[:, :, None] != step_ids[:, None, :])
         mask = blocked.repeat_interleave(self.c.heads, dim=0)
@@ -68,7 +68,7 @@ class PreVerifier(nn.Module):
     @torch.inference_mode()
     def score(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [n, D] one draft so far -> acceptance probabilities [n]."""
-        positions = torch.arange(hidden.shape[0])[None]
+        positions = torch.arange(hidden.shape[0], device=hidden.device)[None]
         return torch.sigmoid(self(hidden[None], positions))[0]
 
     def save(self, out: str | Path) -> Path:

@@ -14,19 +14,22 @@ from __future__ import annotations
 import torch
 
 
-def anchor_range(length: int) -> tuple[int, int]:
+def anchor_range(length: int, first: int = 1) -> tuple[int, int]:
     """Half-open range [lo, hi) of usable anchors in a sequence of ``length`` tokens: an anchor
-    needs one context position before it (a >= 1) and one label after it (a <= T - 2)."""
-    return 1, max(1, length - 1)
+    needs one context position before it (a >= 1) and one label after it (a <= T - 2); ``first``
+    moves the lower end up (e.g. to the first response token: blocks drafted inside responses
+    only, as at inference)."""
+    return max(1, first), max(1, length - 1)
 
 
-def sample_anchors(length: int, num: int, generator: torch.Generator) -> torch.Tensor:
-    """Up to ``num`` distinct anchors, sorted, drawn uniformly from ``anchor_range(length)``.
+def sample_anchors(length: int, num: int, generator: torch.Generator,
+                   first: int = 1) -> torch.Tensor:
+    """Up to ``num`` distinct anchors, sorted, drawn uniformly from ``anchor_range(length, first)``.
 
     Returns a long tensor [n] with n = min(num, number of usable anchors)."""
     if num < 1:
         raise ValueError(f"need at least one anchor per sequence, got {num}")
-    lo, hi = anchor_range(length)
+    lo, hi = anchor_range(length, first)
     if hi <= lo:
         return torch.zeros(0, dtype=torch.long)
     picked = torch.randperm(hi - lo, generator=generator)[:num] + lo  # [n]

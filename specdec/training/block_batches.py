@@ -38,6 +38,9 @@ class BlockBatch:
     def num_blocks(self) -> int:
         return int(self.anchor_ids.shape[0])
 
+    def to(self, device) -> BlockBatch:
+        return BlockBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 def distill_labels(ids: torch.Tensor, greedy_next: torch.Tensor) -> torch.Tensor:
     """Self-distillation labels: ids [T], greedy_next [T] (argmax of the target's logits at t,

@@ -32,7 +32,7 @@ def block_hidden(net: BlockDrafterModel, embedding: torch.Tensor, features: torc
     """features: [S, T, n*F] target taps of S (padded) sequences -> block hidden [N, B, H]."""
     s, t, _ = features.shape
     ctx = net.context(features.to(embedding.dtype))  # [S, T, H]
-    ctx_kv = net.context_kv(ctx, torch.arange(t)[None].expand(s, t))  # per layer [S, T, kvh, d]
+    ctx_kv = net.context_kv(ctx, torch.arange(t, device=ctx.device)[None].expand(s, t))  # per layer [S, T, kvh, d]
     per_block = [(k[batch.seq_index], v[batch.seq_index]) for k, v in ctx_kv]  # [N, T, kvh, d]
     n, b = batch.block_pos.shape
     anchor = embedding[batch.anchor_ids].detach()[:, None, :]  # [N, 1, H]
@@ -47,8 +47,9 @@ def draft_labels(net: BlockDrafterModel, labels: torch.Tensor, valid: torch.Tens
     vocab = net.c.vocab_size
     if net.draft_to_target.shape[0] == vocab:
         return labels, valid
-    to_draft = torch.full((vocab,), IGNORE, dtype=torch.long)
-    to_draft[net.draft_to_target] = torch.arange(net.draft_to_target.shape[0])
+    to_draft = torch.full((vocab,), IGNORE, dtype=torch.long, device=labels.device)
+    to_draft[net.draft_to_target] = torch.arange(net.draft_to_target.shape[0],
+                                                 device=labels.device)
     mapped = torch.where(valid, to_draft[labels.clamp_min(0)], torch.full_like(labels, IGNORE))
     return mapped, valid & (mapped != IGNORE)
 

@@ -40,7 +40,7 @@ def pad_ids(sequences: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, tor
 def sequence_features(target: TargetModel, sequences: list[list[int]]) -> SequenceFeatures:
     if not target.tap_layers:
         raise ValueError("the target taps no layers; build it with the drafter's tap_layers")
-    ids, mask = pad_ids(sequences)
+    ids, mask = (t.to(target.device) for t in pad_ids(sequences))
     out = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
                        use_cache=False)
     # hidden_states[0] is the embedding output; layer l's output is hidden_states[l + 1]

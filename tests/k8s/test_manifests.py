@@ -19,7 +19,7 @@ from tests.k8s.strict_k8s import build, quantities
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-JOBS = ["corpus", "train_drafter", "simulate", "train_preverifier", "evaluate"]
+JOBS = ["corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate"]
 MLFLOW_URI = "http://mlflow:5000"
 
 

@@ -72,3 +72,33 @@ def test_bad_calls_raise(target):
         target.forward(state, [1] * target.max_length)
     with pytest.raises(ValueError, match="tap layers"):
         TargetModel(target.model, target.tokenizer, tap_layers=(99,))
+
+
+def test_the_cache_argument_follows_the_transformers_version():
+    from specdec.models.kv import cache_kwarg
+
+    class Old:
+        def forward(self, input_ids, past_key_values=None, use_cache=None): ...
+
+    class New:
+        def forward(self, input_ids, cache=None, use_cache=None): ...
+
+    assert cache_kwarg(Old) == "past_key_values"
+    assert cache_kwarg(New) == "cache"
+
+
+def test_a_forward_that_drops_the_cache_fails_loudly(tiny_llama):
+    from specdec.models.kv import cached_forward, new_cache
+
+    target = TargetModel.from_pretrained(tiny_llama["target"], "float64")
+
+    class Forgetful(torch.nn.Module):  # a model whose forward ignores the cache it is given
+        def __init__(self):
+            super().__init__()
+            self.inner, self.device = target.model, target.device
+
+        def forward(self, input_ids, cache=None, **kwargs):
+            return self.inner(input_ids=input_ids, **kwargs)
+
+    with pytest.raises(RuntimeError, match="did not extend its cache"):
+        cached_forward(Forgetful(), [1, 2, 3], new_cache(target.model.config))

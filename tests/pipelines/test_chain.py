@@ -1,5 +1,5 @@
-"""The whole chain on the tiny pair, through Ray: corpus -> train_drafter -> simulate ->
-train_preverifier -> evaluate; then the registered champion drafter is loaded from the MLflow
+"""The whole chain on the tiny pair, through Ray: corpus -> responses -> train_drafter ->
+simulate -> train_preverifier -> evaluate; then the registered champion drafter is loaded from the MLflow
 registry into the engine and must reproduce the target's greedy output exactly."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines import corpus, evaluate, simulate, train_drafter, train_preverifier
+from pipelines import corpus, evaluate, responses, simulate, train_drafter, train_preverifier
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
@@ -26,9 +26,13 @@ def chain(ray_session, store, tiny_llama):
         corpus.CorpusConfig, store, target=target, out_dir=str(root / "corpus"),
         max_conversations=40, max_tokens=160, max_prompt_tokens=440, humaneval_limit=6,
         benchmark_percent=10, dev_percent=10))
+    out["responses"] = responses.run(config(
+        responses.ResponsesConfig, store, target=target, corpus=str(out["corpus"]["train"]),
+        out=str(root / "responses" / "train.parquet"), max_new_tokens=24, limit=12,
+        actors=ACTORS | {"batch_size": 4}))
     out["drafter"] = train_drafter.run(config(
-        train_drafter.TrainDrafterConfig, store, target=target,
-        corpus=str(out["corpus"]["train"]), run_dir=str(root / "drafter"),
+        train_drafter.TrainDrafterConfig, store, target=target, anchors="response",
+        corpus=out["responses"]["path"], labels="text", run_dir=str(root / "drafter"),
         drafter={"block_size": 6, "num_taps": 2}, steps=6, batch_size=2,
         anchors_per_sequence=6, max_seq_len=96, checkpoint_every=3, lr=3e-3,
         scaling={"num_workers": 0, "torch_threads": 1}, mlflow={"champion": True}))

