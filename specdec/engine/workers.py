@@ -79,7 +79,8 @@ class TargetWorker:
         state = self.target.new_state()
         features = None
         if len(prompt_ids) > 1:
-            out = self.target.forward(state, prompt_ids[:-1], taps=self.features)
+            out = self.target.forward(state, prompt_ids[:-1], taps=self.features,
+                                      last_logits_only=True)
             features = None if out.taps is None else out.taps.cpu()
         elif self.features:
             features = torch.zeros(0, len(self.target.tap_layers) * self.target.hidden_size)

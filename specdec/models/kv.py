@@ -30,12 +30,13 @@ def cache_kwarg(model_class: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def cached_forward(model, ids: list[int], cache: DynamicCache, hidden: bool = False):
-    """One forward of ``ids`` appended to ``cache`` (extended in place)."""
+def cached_forward(model, ids: list[int], cache: DynamicCache, hidden: bool = False, **extra):
+    """One forward of ``ids`` appended to ``cache`` (extended in place); ``extra`` goes to the
+    model (e.g. ``logits_to_keep``)."""
     input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
     before = cache.get_seq_length()
     out = model(input_ids=input_ids, use_cache=True, output_hidden_states=hidden,
-                **{cache_kwarg(type(model)): cache})
+                **{cache_kwarg(type(model)): cache}, **extra)
     if cache.get_seq_length() != before + len(ids):
         raise RuntimeError(f"{type(model).__name__} did not extend its cache "
                            f"({before} + {len(ids)} -> {cache.get_seq_length()})")

@@ -30,6 +30,7 @@ class TargetState:
 @dataclass(frozen=True)
 class TargetOutput:
     logits: torch.Tensor  # [k, V] raw logits; row i predicts the token after input i
+    # (only the last row, [1, V], from a forward with last_logits_only: a prefill)
     taps: torch.Tensor | None  # [k, n_taps * H] outputs of the tapped layers, concatenated
 
 
@@ -84,14 +85,18 @@ class TargetModel:
         return TargetState(cache=new_cache(self.model.config))
 
     @torch.inference_mode()
-    def forward(self, state: TargetState, ids: list[int], taps: bool = False) -> TargetOutput:
-        """Append ``ids`` to the request's cache; return logits (and taps) for the new positions."""
+    def forward(self, state: TargetState, ids: list[int], taps: bool = False,
+                last_logits_only: bool = False) -> TargetOutput:
+        """Append ``ids`` to the request's cache; return logits (and taps) for the new positions.
+        ``last_logits_only`` skips the lm_head for all but the last position (a prefill, whose
+        logits nobody reads: for a 150-token prompt that is 4 GFLOP saved)."""
         if not ids:
             raise ValueError("forward needs at least one token")
         if state.length + len(ids) > self.max_length:
             raise ValueError(f"sequence of {state.length + len(ids)} tokens exceeds the "
                              f"model's context of {self.max_length}")
-        out = cached_forward(self.model, ids, state.cache, hidden=taps and bool(self.tap_layers))
+        out = cached_forward(self.model, ids, state.cache, hidden=taps and bool(self.tap_layers),
+                             **({"logits_to_keep": 1} if last_logits_only else {}))
         state.length += len(ids)
         tapped = None
         if taps and self.tap_layers:

@@ -58,7 +58,7 @@ def simulate_request(target: TargetModel, drafter: Drafter, verifier: Verifier,
     greedy = Sampling(0.0, torch.Generator().manual_seed(0))
     state = target.new_state()
     taps = drafter.needs_target_features
-    features = target.forward(state, prompt_ids[:-1], taps=taps).taps
+    features = target.forward(state, prompt_ids[:-1], taps=taps, last_logits_only=True).taps
     dstate = drafter.start(list(prompt_ids), features)
     pending, produced, spent, records, step = prompt_ids[-1], 0, 0.0, [], 0
     eos = target.eos_token_ids

@@ -102,3 +102,16 @@ def test_a_forward_that_drops_the_cache_fails_loudly(tiny_llama):
 
     with pytest.raises(RuntimeError, match="did not extend its cache"):
         cached_forward(Forgetful(), [1, 2, 3], new_cache(target.model.config))
+
+
+def test_a_prefill_without_logits_keeps_the_cache_and_taps_exact(tiny_llama):
+    target = TargetModel.from_pretrained(tiny_llama["target"], "float64", tap_layers=(1, 2))
+    prompt = list(b"hello world, hello")
+    full, short = target.new_state(), target.new_state()
+    a = target.forward(full, prompt, taps=True)
+    b = target.forward(short, prompt, taps=True, last_logits_only=True)
+    assert b.logits.shape[0] == 1  # one lm_head row instead of 18: equal up to float64 rounding
+    assert torch.allclose(a.logits[-1], b.logits[-1], rtol=0, atol=1e-12)
+    assert torch.equal(a.taps, b.taps) and full.length == short.length == len(prompt)
+    nxt_a, nxt_b = target.forward(full, [5, 6]), target.forward(short, [5, 6])
+    assert torch.equal(nxt_a.logits, nxt_b.logits)
