@@ -450,8 +450,12 @@ def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, tracking: str):
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     s = cfg.scaling
+    # by reference, also under `python -m` (a __main__ function would be pickled by value,
+    # with every submodule it touches, e.g. torch.backends.cuda, which cannot be pickled)
+    from pipelines.train_drafter import train_loop as loop
+
     trainer = TorchTrainer(
-        train_loop,
+        loop,
         train_loop_config={"config": cfg.model_dump(), "run_id": run.info.run_id,
                            "tracking_uri": tracking, "init_dir": init_dir},
         scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
