@@ -4,8 +4,8 @@
         [--out artifacts/smollm2-135m]
 
 Stages, each a subprocess ``python -m pipelines.JOB --config CONFIGS/JOB.yaml`` with
-``RAY_AUTH_MODE=disabled``, timed: corpus -> responses -> train_drafter -> simulate ->
-train_preverifier -> evaluate (its PACER sweep on the dev split gives ``pacer_defaults.json``); then
+``RAY_AUTH_MODE=disabled``, timed: corpus -> train_drafter -> simulate -> train_preverifier ->
+evaluate (its PACER sweep on the dev split gives ``pacer_defaults.json``); then
 ``pipelines.export_default`` writes the bfloat16 pair to ``--out`` with a provenance that holds,
 per stage, the command, the config, the wall time, the MLflow run and its final metrics.
 
@@ -41,7 +41,7 @@ from pipelines.config import load_config
 from pipelines.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
-STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate")
+STAGES = ("corpus", "train_drafter", "simulate", "train_preverifier", "evaluate")
 TRAINED = ("train_drafter", "train_preverifier")  # the stages that register a model version
 
 

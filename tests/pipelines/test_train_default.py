@@ -19,10 +19,10 @@ FULL = {"stages": {s: {} for s in td.STAGES}, "failed_s": {}}
 
 def test_plan_runs_from_the_given_stage_only_after_recorded_stages():
     assert td.plan("corpus", {"stages": {}}) == list(td.STAGES)
-    done = {"stages": {"corpus": {}, "responses": {}, "train_drafter": {}}}
+    done = {"stages": {"corpus": {}, "train_drafter": {}}}
     assert td.plan("simulate", done) == ["simulate", "train_preverifier", "evaluate"]
     assert td.plan("export", FULL) == []
-    with pytest.raises(ValueError, match="start from responses"):
+    with pytest.raises(ValueError, match="start from train_drafter"):
         td.plan("simulate", {"stages": {"corpus": {}}})
     with pytest.raises(ValueError, match="choose one of"):
         td.plan("benchmark", FULL)
