@@ -75,6 +75,10 @@ class TrainDrafterConfig(Strict):
     # corpus of the target's own responses, pipelines.responses)
     anchors: Literal["all", "response"] = "all"
     steps: int = Field(1000, ge=1)
+    # sequences kept out of training (a seeded choice): every eval_every steps the drafter's
+    # accepted-length estimate on them, the honest one (on training text it counts memorisation)
+    heldout_sequences: int = Field(0, ge=0)
+    eval_every: int = Field(100, ge=1)
     batch_size: int = Field(4, ge=1)  # sequences per step and worker
     anchors_per_sequence: int = Field(24, ge=1)
     max_seq_len: int = Field(256, ge=3)
@@ -125,6 +129,16 @@ def load_sequences(cfg: TrainDrafterConfig) -> list[Text]:
         raise ValueError(f"corpus {cfg.corpus} has no sequence with an anchor and a label after "
                          f"it (anchors: {cfg.anchors}, max_seq_len: {cfg.max_seq_len})")
     return texts
+
+
+def split_heldout(texts: list[Text], n: int, seed: int) -> tuple[list[Text], list[Text]]:
+    """-> (training texts, ``n`` held-out texts chosen with ``seed``), the same on every rank."""
+    if n >= len(texts):
+        raise ValueError(f"heldout_sequences {n} leaves no training sequence of {len(texts)}")
+    held = set(torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))[:n]
+               .tolist())
+    return ([t for i, t in enumerate(texts) if i not in held],
+            [t for i, t in enumerate(texts) if i in held])
 
 
 def shard(sequences: list[Text], rank: int, world: int) -> list[Text]:
@@ -242,6 +256,7 @@ class Loop:
     parts: object
     loss_fn: object
     sequences: list[Text]
+    heldout: list[Text]
     start: int
     rank: int = 0
     world: int = 1
@@ -255,7 +270,7 @@ def setup(cfg: TrainDrafterConfig, start_dir: Path | None, init_dir: str | None,
     torch.set_num_threads(cfg.scaling.torch_threads)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # training only; serving is unaffected
-    corpus = load_sequences(cfg)
+    corpus, heldout = split_heldout(load_sequences(cfg), cfg.heldout_sequences, cfg.seed)
     target, drafter = build_models(cfg, str(start_dir / "drafter") if start_dir else init_dir,
                                    corpus, device)
     opt = torch.optim.AdamW(drafter.net.train().parameters(), lr=cfg.lr,
@@ -265,7 +280,31 @@ def setup(cfg: TrainDrafterConfig, start_dir: Path | None, init_dir: str | None,
         ckpt.load_optimizer(opt, start_dir)
     parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
     return Loop(cfg, target, drafter, opt, parts, make_loss(cfg.loss.name, **cfg.loss.params()),
-                shard(corpus, rank, world), start, rank, world)
+                shard(corpus, rank, world), heldout, start, rank, world)
+
+
+@torch.no_grad()
+def heldout_metrics(loop: Loop) -> dict:
+    """Accepted-length estimate and position-1 accuracy on the held-out texts (fixed anchors),
+    in chunks of ``batch_size`` texts; {} without held-out texts."""
+    from specdec.training.drafter_forward import block_logits, draft_labels
+
+    cfg, net = loop.cfg, loop.drafter.net
+    prefix_sum, first_ok, blocks = 0.0, 0.0, 0
+    for at in range(0, len(loop.heldout), cfg.batch_size):
+        features, batch = make_batch(loop.target, loop.heldout[at: at + cfg.batch_size],
+                                     net.c.block_size, cfg.anchors_per_sequence, cfg.labels,
+                                     torch.Generator().manual_seed(cfg.seed + at))
+        logits, _ = block_logits(net, loop.parts, features, batch)
+        labels, valid = draft_labels(net, batch.labels, batch.valid)
+        per_pos, prefix = accepted_prefix(logits, labels, valid)
+        prefix_sum += prefix * batch.num_blocks
+        first_ok += float(per_pos[1]) * batch.num_blocks
+        blocks += batch.num_blocks
+    if not blocks:
+        return {}
+    return {"heldout_accept_len_est": 1 + prefix_sum / blocks,
+            "heldout_acc_pos_1": first_ok / blocks}
 
 
 def one_step(loop: Loop, step: int, total: int) -> dict:
@@ -279,6 +318,8 @@ def one_step(loop: Loop, step: int, total: int) -> dict:
     metrics = train_step(loop.drafter.net, loop.parts, loop.target,
                          [loop.sequences[i] for i in pick], cfg, loop.loss_fn, gen, loop.world)
     loop.opt.step()
+    if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
+        metrics |= heldout_metrics(loop)
     return metrics | {"step": step + 1, "lr": lr}
 
 

@@ -166,3 +166,19 @@ def test_offline_minutes_fit_the_step_count(store, tiny_llama, tiny_corpus):
     written = train_drafter.TrainDrafterConfig.model_validate_json(
         (run_dir / "offline-config.json").read_text())
     assert written.steps == 12
+
+
+def test_heldout_texts_are_kept_out_and_measured(store, tiny_llama, tiny_corpus):
+    run_dir = store["root"] / "heldout"
+    cfg = drafter_config(store, tiny_llama, tiny_corpus, steps=4, eval_every=2,
+                         heldout_sequences=1, run_dir=str(run_dir))
+    loop = train_drafter.setup(cfg, None, None, 0, 1, torch.device("cpu"))
+    assert len(loop.heldout) == 1 and loop.heldout[0] not in loop.sequences
+    assert len(loop.sequences) == len(TEXT) - 1
+    steps = [train_drafter.one_step(loop, s, cfg.steps) for s in range(cfg.steps)]
+    measured = [m["step"] for m in steps if "heldout_accept_len_est" in m]
+    assert measured == [2, 4]
+    assert all(1.0 <= m["heldout_accept_len_est"] <= cfg.drafter.block_size for m in steps
+               if m["step"] in measured)
+    with pytest.raises(ValueError, match="leaves no training sequence"):
+        train_drafter.split_heldout(loop.sequences, 5, 0)
