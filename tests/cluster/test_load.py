@@ -16,11 +16,20 @@ def active(served) -> dict:
     return requests.get(f"{served}/debug/active", timeout=30).json()
 
 
-def wait_idle(served, within_s: float = 60.0) -> dict:
-    """The actors' request state once empty, or as it is after ``within_s`` (a loaded 2-core CI
-    machine may take seconds to finish the closes queued behind cancelled rounds)."""
+def wait_idle(served, within_s: float = 60.0) -> dict | None:
+    """The actors' request state once empty, or as it is after ``within_s`` (None if no read
+    answered). A loaded 2-core CI machine may take seconds to finish the rounds and closes
+    queued behind cancelled streams, and a read of the state waits behind them in the actors'
+    queues: a read that times out is retried while the budget lasts."""
     deadline = time.monotonic() + within_s
-    while (state := active(served)) != {"target": [], "drafter": []} and time.monotonic() < deadline:
+    state = None
+    while time.monotonic() < deadline:
+        try:
+            state = active(served)
+        except requests.Timeout:
+            continue
+        if state == {"target": [], "drafter": []}:
+            break
         time.sleep(0.1)
     return state
 
