@@ -26,11 +26,11 @@ import time
 import torch
 from tqdm import tqdm
 
+from pipelines.bench_methods import engine_runner, hf_runner
 from pipelines.corpus import SCHEMA
 from pipelines.tables import read_table
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
-from specdec.engine.settings import GenerationParams, SpecSettings
 
 METHODS = {  # name -> SpecSettings fields (None: plain AR; "hf": HF generate)
     "ar": None,
@@ -52,34 +52,18 @@ def prompts_from(path: str, n: int) -> list[tuple[str, list[int]]]:
     return picked
 
 
-def hf_greedy(target, ids: list[int], new: int) -> list[int]:
-    x = torch.tensor([ids], device=target.device)
-    out = target.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                max_new_tokens=new, top_p=None, top_k=None, temperature=None)
-    tokens = out[0, len(ids):].tolist()
-    eos = target.eos_token_ids
-    for i, tok in enumerate(tokens):
-        if tok in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
 def run_dtype(args, dtype: str, prompts, methods: dict) -> dict:
     pair = load_pair(args.target, args.drafter, args.preverifier, dtype=dtype, device=args.device)
     plain = Engine(pair.target)
     spec = Engine(pair.target, pair.drafter, pair.preverifier)
+    eos = sorted(pair.target.eos_token_ids)
+    runs_of = {name: hf_runner(pair.target.model, eos, {}) if recipe == "hf" else
+               engine_runner(plain if recipe is None else spec, recipe or {})
+               for name, recipe in methods.items()}
 
     def call(name: str, ids: list[int]):
-        recipe = methods[name]
         start = time.perf_counter()
-        if recipe == "hf":
-            tokens, stats = hf_greedy(pair.target, ids, args.max_new_tokens), None
-        else:
-            engine = plain if recipe is None else spec
-            params = GenerationParams(max_new_tokens=args.max_new_tokens,
-                                      spec=SpecSettings(**(recipe or {})))
-            out = engine.generate(ids, params)
-            tokens, stats = out.token_ids, out.stats
+        tokens, stats = runs_of[name](ids, args.max_new_tokens)
         return tokens, time.perf_counter() - start, stats
 
     for name in methods:  # warm-up: kernels, allocator, cuBLAS handles

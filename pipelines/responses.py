@@ -133,14 +133,13 @@ def load_prompts(cfg: ResponsesConfig) -> list[dict]:
     return sorted(rows, key=lambda r: r["prompt_len"])
 
 
-def build(cfg: ResponsesConfig, offline: bool = False,
+def build(cfg: ResponsesConfig, rows: list[dict], offline: bool = False,
           minutes: float | None = None) -> tuple[pa.Table, dict]:
-    """-> (the responses corpus, its numbers). Offline: in this process (GPU if any), batch by
-    batch; else a pool of ``Responder`` actors over a Ray Dataset. With ``minutes``, no batch
-    starts after that time (the first one always runs)."""
+    """``rows`` (from ``load_prompts``) -> (the responses corpus, its numbers). Offline: in this
+    process (GPU if any), batch by batch; else a pool of ``Responder`` actors over a Ray
+    Dataset. With ``minutes``, no batch starts after that time (the first one always runs)."""
     from specdec.models.sources import parse_device
 
-    rows = load_prompts(cfg)
     started = time.time()
     deadline = started + minutes * 60 if minutes is not None else None
     size = cfg.actors.batch_size
@@ -177,21 +176,20 @@ def metadata_for(cfg: ResponsesConfig) -> dict[str, str]:
 
 def run(cfg: ResponsesConfig, offline: bool = False, minutes: float | None = None) -> dict:
     """Generate, write the Parquet; log params and numbers to MLflow unless ``offline``."""
-    load_prompts(cfg)  # a bad file or an empty selection fails before any model loads
+    rows = load_prompts(cfg)  # a bad file or an empty selection fails before any model loads
     check_tokenizer(cfg.corpus, cfg.target, "responses.corpus")
     if offline:
-        table, stats = build(cfg, offline=True, minutes=minutes)
-        write_table(table, cfg.output(), metadata_for(cfg))
-        return {"path": str(cfg.output()), **stats}
-    import mlflow
+        table, stats = build(cfg, rows, offline=True, minutes=minutes)
+    else:
+        import mlflow
 
-    from pipelines.tracking import log_params, start_run
+        from pipelines.tracking import log_params, start_run
 
-    with start_run(cfg.mlflow, "responses"):
-        log_params(cfg.model_dump())
-        table, stats = build(cfg, minutes=minutes)
-        write_table(table, cfg.output(), metadata_for(cfg))
-        mlflow.log_metrics({k: v for k, v in stats.items() if isinstance(v, int | float)})
+        with start_run(cfg.mlflow, "responses"):
+            log_params(cfg.model_dump())
+            table, stats = build(cfg, rows, minutes=minutes)
+            mlflow.log_metrics({k: v for k, v in stats.items() if isinstance(v, int | float)})
+    write_table(table, cfg.output(), metadata_for(cfg))
     return {"path": str(cfg.output()), **stats}
 
 

@@ -66,13 +66,9 @@ python3 -m pipelines.gpu_check --drafter "$DRAFTED" \
 
 stage pack
 [ -n "$CKPT" ] || exit 1
-python3 - "$CKPT" <<'PY'
-import sys, torch
-from safetensors.torch import load_file, save_file
-path = f"{sys.argv[1]}/drafter/model.safetensors"
-weights = load_file(path)
-save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, path)
-PY
+python3 -c "import sys; from safetensors.torch import load_file, save_file
+from pipelines.export_default import to_bfloat16
+save_file(to_bfloat16(load_file(sys.argv[1])), sys.argv[1])" "$CKPT/drafter/model.safetensors"
 rm -f "$CKPT"/optimizer.*
 cp "$RUN/offline-config.json" "$CKPT/"
 tar -C "$(dirname "$CKPT")" -cf "$OUT/drafter.tar" "$(basename "$CKPT")"
