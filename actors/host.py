@@ -27,8 +27,11 @@ class RequestHost:
             self.close(rid)
         return stale
 
+    # ``active`` and ``process`` may run on a control thread beside the model calls (see
+    # cluster.orchestrator.CONTROL_GROUP): they only read, and copying a dict's keys is atomic
+    # under the GIL.
     def active(self) -> list[str]:
-        return sorted(self.worker.requests)
+        return sorted(list(self.worker.requests))
 
     def process(self) -> dict:
         """This actor's process id and resident memory (load tests watch it for leaks)."""

@@ -20,6 +20,7 @@ from ray import serve
 from actors.drafter import DrafterActor
 from actors.target import TargetActor
 from cluster.metrics import ServeMetrics
+from cluster.orchestrator import CONTROL_GROUP
 from cluster.schema import Resources, ServeArgs
 from cluster.server import Server
 from cluster.tiny import materialise
@@ -43,6 +44,12 @@ def actor_options(resources: Resources, args: ServeArgs) -> dict:
             "max_restarts": -1, "max_task_retries": 0, "runtime_env": runtime_env(args)}
 
 
+def actor_class(cls: type):
+    """``cls`` as a Ray actor class: model calls keep the default group's single thread, state
+    reads (``cluster.orchestrator.control``) get a thread of their own."""
+    return ray.remote(concurrency_groups={CONTROL_GROUP: 1})(cls)
+
+
 def device_of(resources: Resources) -> str:
     """An actor given a GPU share runs its model on the GPU Ray assigned it."""
     return "cuda" if resources.num_gpus > 0 else "cpu"
@@ -51,12 +58,12 @@ def device_of(resources: Resources) -> str:
 def spawn_actors(args: ServeArgs):
     """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
     ttl = args.limits.idle_ttl_s
-    target = ray.remote(TargetActor).options(**actor_options(args.target_resources, args)).remote(
+    target = actor_class(TargetActor).options(**actor_options(args.target_resources, args)).remote(
         args.target, args.drafter, args.dtype, args.target_resources.threads, ttl,
         device_of(args.target_resources))
     if args.drafter == "none":
         return target, None
-    drafter = ray.remote(DrafterActor).options(**actor_options(args.drafter_resources, args)).remote(
+    drafter = actor_class(DrafterActor).options(**actor_options(args.drafter_resources, args)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
         ttl, device_of(args.drafter_resources))
     return target, drafter

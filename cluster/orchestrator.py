@@ -19,6 +19,16 @@ from actors.drafter import Commit
 from specdec.engine.engine import Progress
 from specdec.engine.workers import Draft
 
+# The actors' bookkeeping reads (``active``, ``process``) run in a concurrency group of their
+# own, one thread beside the one that runs model calls, so a read answers at once instead of
+# queueing behind every round already submitted. ``cluster.app`` declares the group.
+CONTROL_GROUP = "control"
+
+
+def control(method):
+    """``method`` of an actor handle, called in the control group."""
+    return method.options(concurrency_group=CONTROL_GROUP)
+
 
 class Orchestrator:
     def __init__(self, target, drafter, eos_token_ids: frozenset[int], observer=None):
@@ -81,9 +91,9 @@ class Orchestrator:
         """Close every request an actor holds state for that has no running loop; return them.
         A request seen in an actor was opened, so it joined ``live`` before; if it has left
         ``live`` since, its loop ended and a second close is harmless."""
-        held = set(await self.target.active.remote())
+        held = set(await control(self.target.active).remote())
         if self.drafter is not None:
-            held |= set(await self.drafter.active.remote())
+            held |= set(await control(self.drafter.active).remote())
         orphans = sorted(held - self.live)
         for rid in orphans:
             self.close(rid)

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 from cluster import protocol as wire
 from cluster.detokenize import TextStream
 from cluster.guard import Guard, api_key
-from cluster.orchestrator import Orchestrator
+from cluster.orchestrator import Orchestrator, control
 from cluster.schema import ServeArgs, Speculative
 from specdec.engine.engine import Progress, check_pair, check_prompt
 from specdec.engine.settings import GenerationParams, SpecSettings
@@ -88,13 +88,13 @@ class Server:
 
     async def active(self) -> dict:
         """Request ids holding state in each actor (for tests and operators)."""
-        drafter = [] if self.drafter is None else await self.drafter.active.remote()
-        return {"target": await self.target.active.remote(), "drafter": drafter}
+        drafter = [] if self.drafter is None else await control(self.drafter.active).remote()
+        return {"target": await control(self.target.active).remote(), "drafter": drafter}
 
     async def actors(self) -> dict:
         """Process id and resident memory of each actor (for tests and operators)."""
-        drafter = None if self.drafter is None else await self.drafter.process.remote()
-        return {"target": await self.target.process.remote(), "drafter": drafter}
+        drafter = None if self.drafter is None else await control(self.drafter.process).remote()
+        return {"target": await control(self.target.process).remote(), "drafter": drafter}
 
     async def metrics(self) -> dict:
         """Running totals of the metrics this replica exported (Prometheus has the rest)."""

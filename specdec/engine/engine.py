@@ -71,10 +71,10 @@ class Progress:
         self.stats = RequestStats()
 
     def opened(self, target_s: float, drafter_s: float = 0.0) -> None:
-        """Account for the prefill (a target pass only when the prompt has a cached part)."""
+        """Account for the prefill (one target pass)."""
         self.stats.target_s += target_s
         self.stats.drafter_s += drafter_s
-        self.stats.target_passes += int(len(self.prompt_ids) > 1)
+        self.stats.target_passes += 1
 
     def limit(self, room: int) -> int:
         """Longest draft for the next round; the bonus token always comes on top of it."""
@@ -89,7 +89,8 @@ class Progress:
         was limited by; after this, ``finish_reason`` is set once the request is done."""
         budget = self.params.max_new_tokens - len(self.token_ids)
         self.stats.target_s += result.target_s
-        self.stats.record_round(len(draft.tokens), result.accepted, result.regret, result.exceptions)
+        self.stats.record_round(len(draft.tokens), result.accepted, result.regret, result.exceptions,
+                                result.passes)
         new, reason = truncate(result.tokens, budget, eos)
         if reason is None and room - result.accepted < 1:
             reason = "length"  # the context is full

@@ -32,9 +32,10 @@ class RequestStats:
     def tokens_per_s(self) -> float:
         return self.committed / self.total_s if self.total_s else 0.0
 
-    def record_round(self, drafted: int, accepted: int, regret: float, exceptions: int):
+    def record_round(self, drafted: int, accepted: int, regret: float, exceptions: int,
+                     passes: int = 1):
         self.rounds += 1
-        self.target_passes += 1
+        self.target_passes += passes
         self.drafted += drafted
         self.accepted += accepted
         self.regret_spent += regret

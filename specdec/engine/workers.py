@@ -8,7 +8,9 @@ and in the single-process engine they are local objects running the same code.
 
 Cache invariant: a request's verified sequence is S; the target caches S[:-1] and the last token
 is *pending*. A round feeds [pending, x_0..x_{K-1}] in one pass (K + 1 logits rows), then crops the
-cache back to the new S[:-1].
+cache back to the new S[:-1]. The one exception is the first round: the prefill already ran the
+whole prompt (as HF ``generate`` does), so its last logits row stands in for the pending token's
+and the first round feeds only the draft -- plain decoding makes no more passes than ``generate``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class RoundResult:
     exceptions: int
     features: torch.Tensor | None  # [accepted + 1, F] taps of the newly verified positions
     target_s: float = 0.0
+    passes: int = 1  # target forwards this round ran (0: a first round with an empty draft)
 
 
 @dataclass
@@ -54,7 +57,10 @@ class TargetRequest:
     state: TargetState
     verifier: Verifier
     generator: torch.Generator
-    pending: int  # last verified token, not yet in the cache
+    pending: int  # last verified token, not yet in the cache (see ``primed``)
+    # Until the first round: the prefill's outputs at the pending token, which it did cache
+    # (logits [1, V], taps [1, F] or None).
+    primed: tuple[torch.Tensor, torch.Tensor | None] | None = None
     spent: float = 0.0  # ASD ledger: regret spent so far
 
 
@@ -70,45 +76,59 @@ class TargetWorker:
         self.requests: dict[str, TargetRequest] = {}
 
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> torch.Tensor | None:
-        """Prefill all prompt tokens but the last; return their features for the drafter."""
+        """Prefill the whole prompt; return the features of all its tokens but the last (the
+        pending one) for the drafter, and keep the last token's outputs for the first round."""
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already open")
         spec = params.spec
         verifier = make_verifier(spec.verifier_name(params.temperature),
                                  **spec.verifier_params(params.temperature))
         state = self.target.new_state()
-        features = None
-        if len(prompt_ids) > 1:
-            out = self.target.forward(state, prompt_ids[:-1], taps=self.features,
-                                      last_logits_only=True)
-            features = None if out.taps is None else out.taps.cpu()
-        elif self.features:
-            features = torch.zeros(0, len(self.target.tap_layers) * self.target.hidden_size)
+        out = self.target.forward(state, prompt_ids, taps=self.features, last_logits_only=True)
+        taps = None if out.taps is None else out.taps.cpu()
         _, target_gen = generators(params.seed)
-        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=prompt_ids[-1])
-        return features
+        primed = (out.logits[-1:], None if taps is None else taps[-1:])
+        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=prompt_ids[-1],
+                                           primed=primed)
+        return None if taps is None else taps[:-1]
 
     def verify(self, rid: str, draft: Draft) -> RoundResult:
         t0 = time.perf_counter()
         req = self.requests[rid]
-        start = req.state.length
-        out = self.target.forward(req.state, [req.pending, *draft.tokens], taps=self.features)
+        logits, taps, passes = self._score(req, draft.tokens)
+        start = req.state.length - len(draft.tokens) - 1  # where the pending token sits
         # K+1 rows of logits are small next to a forward pass: verify on the CPU, where the
         # request's generator lives, whatever device the target runs on.
         verdict = req.verifier.verify(
-            out.logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
+            logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
             draft_probs=draft.probs, generator=req.generator,
         )
         req.spent += verdict.regret
         self.target.crop(req.state, start + 1 + verdict.accepted)
         req.pending = verdict.tokens[-1]
-        features = None if out.taps is None else out.taps[: verdict.accepted + 1].cpu()
+        features = None if taps is None else taps[: verdict.accepted + 1].cpu()
         return RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
-                           features, time.perf_counter() - t0)
+                           features, time.perf_counter() - t0, passes)
+
+    def _score(self, req: TargetRequest, drafts: list[int]):
+        """Target logits [K+1, V] and taps [K+1, F] (or None) at [pending, *drafts], and the
+        number of forwards that took; afterwards the cache holds them all."""
+        if req.primed is None:
+            out = self.target.forward(req.state, [req.pending, *drafts], taps=self.features)
+            return out.logits, out.taps, 1
+        logits, taps = req.primed
+        req.primed = None
+        if not drafts:
+            return logits, taps, 0
+        out = self.target.forward(req.state, drafts, taps=self.features)
+        both = None if taps is None else torch.cat([taps.to(out.taps.device), out.taps])
+        return torch.cat([logits, out.logits]), both, 1
 
     def room(self, rid: str) -> int:
         """Draft tokens the context still has room for in the next round."""
-        return self.target.max_length - self.requests[rid].state.length - 1
+        req = self.requests[rid]
+        verified = req.state.length + (req.primed is None)  # the pending token included
+        return self.target.max_length - verified
 
     def close(self, rid: str) -> None:
         self.requests.pop(rid, None)

@@ -19,8 +19,9 @@ def active(served) -> dict:
 def wait_idle(served, within_s: float = 60.0) -> dict | None:
     """The actors' request state once empty, or as it is after ``within_s`` (None if no read
     answered). A loaded 2-core CI machine may take seconds to finish the rounds and closes
-    queued behind cancelled streams, and a read of the state waits behind them in the actors'
-    queues: a read that times out is retried while the budget lasts."""
+    queued behind cancelled streams; the reads themselves run in the actors' control group and
+    do not wait for them, but a read that times out on a starved machine is retried while the
+    budget lasts."""
     deadline = time.monotonic() + within_s
     state = None
     while time.monotonic() < deadline:

@@ -34,13 +34,23 @@ def test_stats_are_consistent(engine):
     out = engine.generate(ids_of(engine), GenerationParams(max_new_tokens=40))
     s = out.stats
     assert s.committed == len(out.token_ids) == 40
-    assert s.target_passes == s.rounds + 1  # plus the prefill
+    # the prefill, then one pass a round; the first round's only if it drafted (else the
+    # prefill's last logits are the pending token's)
+    assert s.rounds <= s.target_passes <= s.rounds + 1
     assert sum(s.drafted_at) == s.drafted and sum(s.accepted_at) == s.accepted
     assert sum(s.draft_lengths.values()) == s.rounds
     assert s.mean_accepted_length == pytest.approx(40 / s.rounds)
     assert s.total_s >= s.target_s > 0
     d = s.to_dict()
     assert d["committed"] == 40 and set(d["time_s"]) == {"drafter", "preverifier", "target", "total"}
+
+
+def test_plain_decoding_makes_one_pass_per_token_like_generate(tiny_llama):
+    pair = load_pair(tiny_llama["target"], "none", dtype="float64")
+    plain = Engine(pair.target)
+    out = plain.generate(ids_of(plain), GenerationParams(max_new_tokens=12))
+    assert len(out.token_ids) == out.stats.rounds == 12
+    assert out.stats.target_passes == 12  # the prefill yields the first token, as in generate
 
 
 def test_sampling_is_reproducible_with_a_seed(engine):
