@@ -6,6 +6,10 @@ Definitions, used everywhere in the results:
   (each call end to end, prefill included; long outputs weigh more, as in a stream of
   requests); the median over repeats.
 - ratio to ar: tokens/s over ``ar``'s tokens/s on the same workload, same run.
+- best-of-repeats tokens/s: the workload's tokens over the sum, per prompt, of its fastest
+  repeat. A shared VM adds +-10% to single calls; the fastest of a few interleaved repeats is
+  the low-noise estimate of a method's own cost (timeit's rule), used to check that our AR is
+  a fair baseline next to HF ``generate``.
 - mean accepted length: tokens committed per verify round (accepted drafts + the bonus token);
   1.0 for ``ar``. Counts (lengths, acceptance per position, draft lengths) come from repeat 0:
   the outputs are deterministic, so the other repeats repeat them.
@@ -36,6 +40,16 @@ def speed(records: list[Record]) -> list[float]:
         sums[r.repeat][0] += len(r.tokens)
         sums[r.repeat][1] += r.seconds
     return [t / s if s else 0.0 for _, (t, s) in sorted(sums.items())]
+
+
+def best_speed(records: list[Record]) -> float:
+    """tokens/s with each prompt's fastest repeat (its tokens are the same in every repeat)."""
+    best: dict[str, Record] = {}
+    for r in records:
+        if r.prompt not in best or r.seconds < best[r.prompt].seconds:
+            best[r.prompt] = r
+    seconds = sum(r.seconds for r in best.values())
+    return sum(len(r.tokens) for r in best.values()) / seconds if seconds else 0.0
 
 
 def engine_counts(records: list[Record]) -> dict:
@@ -71,6 +85,7 @@ def method_metrics(records: list[Record], reference: dict, m: Method) -> dict:
     same = [r.tokens == reference.get((r.workload, r.prompt, r.repeat)) for r in records]
     rss = [r.peak_rss_mb for r in records if r.peak_rss_mb is not None]
     out = {"tokens_per_s": statistics.median(tps), "tokens_per_s_repeats": tps,
+           "tokens_per_s_best": best_speed(records),
            "tokens": sum(len(r.tokens) for r in records if r.repeat == 0),
            "seconds": sum(r.seconds for r in records), "same_as_ar": sum(same) / len(same),
            "strict": m.strict, "peak_rss_mb": max(rss) if rss else None}
@@ -193,5 +208,7 @@ def goals(asd_methods: list[str], fixed_methods: list[str], dpace_fixed: str | N
                    ("hf_prompt_lookup",), ("humaneval",), 1.5),
         Comparison("our AR at least as fast as HF generate greedy", tps, "ar", ("hf_generate",),
                    minimum=1.0),
+        Comparison("our AR at least as fast as HF generate greedy (best of repeats)",
+                   "tokens_per_s_best", "ar", ("hf_generate",), minimum=1.0),
     ]
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipelines import bench_config, bench_methods, benchmark, humaneval
+from pipelines import bench_config, bench_methods, bench_metrics, benchmark, humaneval
 from pipelines.config import load_config
 from pipelines.corpus import SCHEMA
 from pipelines.tables import write_table
@@ -114,6 +114,16 @@ def test_metrics_are_consistent(results):
     for name, m in he.items():  # random models write no working code
         assert m["pass_at_1"] == 0.0, name
     assert he["pacer_asd_2"]["regret_per_request"] >= 0
+    for m in he.values():  # each prompt's fastest call beats every whole repeat
+        assert m["tokens_per_s_best"] >= max(m["tokens_per_s_repeats"]) * (1 - 1e-9)
+
+
+def test_best_of_repeats_takes_each_prompts_fastest_call():
+    def rec(prompt, repeat, seconds, n):
+        return bench_methods.Record("ar", "w", prompt, repeat, [0] * n, seconds, None, None)
+
+    records = [rec("a", 0, 2.0, 10), rec("a", 1, 1.0, 10), rec("b", 0, 3.0, 5), rec("b", 1, 4.0, 5)]
+    assert bench_metrics.best_speed(records) == pytest.approx(15 / (1.0 + 3.0))
 
 
 def test_claims_and_goals_are_measured_ratios(results):
