@@ -1,7 +1,8 @@
 """``python -m cluster.serve_local [CONFIG]``: an embedded local Ray cluster serving one config.
 
 Starts Ray in this process (token auth off: the cluster is private to this process), runs the
-config's application on http://127.0.0.1:8000 and blocks until interrupted. ``make serve`` runs it.
+config's application on http://127.0.0.1:8000 and blocks until interrupted (Ctrl-C or SIGTERM,
+e.g. from ``docker stop``: both shut Serve and Ray down). ``make serve`` runs it.
 A config's top-level ``default_pair: DIR`` serves the committed trained pair in DIR from the
 MLflow registry when DIR holds one (``cluster.default_pair.serve_args``); Serve itself ignores
 the key.
@@ -10,6 +11,7 @@ the key.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -17,6 +19,10 @@ import yaml
 
 DEFAULT = "configs/serve/local.yaml"
 HTTP_OPTIONS = {"host": "127.0.0.1", "port": 8000}  # loopback only: set an API key to open it up
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str]) -> int:
@@ -37,6 +43,7 @@ def main(argv: list[str]) -> int:
     print("specdec serving on http://127.0.0.1:8000 (OpenAI-compatible: /v1/completions, "
           "/v1/chat/completions, /v1/models, /health)", flush=True)
     print(f"READY model={app_cfg['args'].get('model_id') or app_cfg['args']['target']}", flush=True)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         while True:
             time.sleep(3600)
