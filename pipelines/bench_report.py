@@ -50,14 +50,16 @@ def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
-COLUMNS = ("method | tokens/s | vs ar | best-of-repeats tok/s | mean acc. len | target passes /100 tok | drafter | "
-           "pre-verifier | target | overhead | peak RSS MB | same as ar | regret /req | pass@1")
+COLUMNS = ("method | tokens/s | vs ar | best-of-repeats tok/s | mean acc. len | "
+           "target passes /100 tok | drafter | pre-verifier | target | overhead | peak RSS MB | "
+           "same as ar | regret /req | pass@1")
 
 
 def method_row(name: str, m: dict) -> str:
     share = m.get("time_share") or {}
     cells = [name, _num(m["tokens_per_s"]), _num(m.get("ratio_to_ar")),
-             _num(m.get("tokens_per_s_best")), _num(m.get("mean_accepted_length")), _num(m.get("target_passes_per_100_tokens"), ".1f"),
+             _num(m.get("tokens_per_s_best")), _num(m.get("mean_accepted_length")),
+             _num(m.get("target_passes_per_100_tokens"), ".1f"),
              _pct(share.get("drafter")), _pct(share.get("preverifier")), _pct(share.get("target")),
              _pct(share.get("overhead")), _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
              _num(m.get("regret_per_request")) if not m["strict"] else "-",
