@@ -85,12 +85,11 @@ class TargetWorker:
                                  **spec.verifier_params(params.temperature))
         state = self.target.new_state()
         out = self.target.forward(state, prompt_ids, taps=self.features, last_logits_only=True)
-        taps = None if out.taps is None else out.taps.cpu()
         _, target_gen = generators(params.seed)
-        primed = (out.logits[-1:], None if taps is None else taps[-1:])
+        primed = (out.logits[-1:], None if out.taps is None else out.taps[-1:])  # on its device
         self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=prompt_ids[-1],
                                            primed=primed)
-        return None if taps is None else taps[:-1]
+        return None if out.taps is None else out.taps[:-1].cpu()
 
     def verify(self, rid: str, draft: Draft) -> RoundResult:
         t0 = time.perf_counter()
@@ -121,7 +120,7 @@ class TargetWorker:
         if not drafts:
             return logits, taps, 0
         out = self.target.forward(req.state, drafts, taps=self.features)
-        both = None if taps is None else torch.cat([taps.to(out.taps.device), out.taps])
+        both = None if taps is None else torch.cat([taps, out.taps])
         return torch.cat([logits, out.logits]), both, 1
 
     def room(self, rid: str) -> int:
