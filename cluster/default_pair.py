@@ -16,9 +16,10 @@ one it serves the config as written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
+
+from specdec.models.sources import content_hash
 
 HASH_TAG = "specdec.content_sha256"
 ALIAS = "champion"
@@ -26,15 +27,6 @@ KINDS = {"drafter": "block-drafter", "preverifier": "preverifier"}  # subdirecto
 # PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's)
 PACER_FALLBACK = {"policy": "pacer", "block_size": 4, "threshold": 0.5, "growth": 1.1,
                   "max_draft": 16}
-
-
-def content_hash(directory: Path) -> str:
-    """SHA-256 over the relative path and bytes of every file under ``directory``."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def champion_hash(client, name: str) -> str | None:

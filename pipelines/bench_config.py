@@ -2,8 +2,9 @@
 
 ``BenchmarkConfig`` is the strict schema of ``configs/bench/*.yaml``; ``check`` turns a config
 into a ``Plan``: local model paths, the methods that will run, those that will not (with the
-reason, "not measured: missing ..."), the prompts, and the PACER settings (from the config, or
-from the evaluate sweep's ``pacer_defaults.json`` when the config names one). A missing file, a
+reason, "not measured: missing ..."), the prompts, and the PACER settings and ASD controls (g, M)
+from the config, or from the evaluate sweep's ``pacer_defaults.json`` (tuned on the dev split)
+when the config names one. A missing file, a
 checkpoint of the wrong kind, an unknown method or too few prompts fail here with the config key
 named.
 
@@ -43,8 +44,8 @@ class Workloads(Strict):
 
 
 class AsdSettings(Strict):
-    gate: float = Field(0.25, ge=0)  # g (the authors' config)
-    max_exceptions: int = Field(2, ge=0)  # M
+    gate: float = Field(0.25, ge=0)  # g (the authors' config; pacer_defaults.json's pick wins)
+    max_exceptions: int = Field(2, ge=0)  # M (the same)
     budgets: list[float] = [2.0, 4.0, 8.0]  # B, one method each
 
 
@@ -70,6 +71,8 @@ class BenchmarkConfig(Strict):
     heuristic_initial: int = Field(5, ge=1)
     pacer: PacerSettings = PacerSettings()
     pacer_defaults: str | None = None  # pacer_defaults.json from the evaluate sweep: overrides pacer
+    # rho of the rho ablation's growing side when PACER's own setting has rho = 1
+    ablation_growth: float = Field(1.1, gt=1)
     asd: AsdSettings = AsdSettings()
     humaneval_timeout_s: float = Field(5.0, gt=0)
     out_dir: str = "docs/benchmarks/engine"
@@ -95,32 +98,46 @@ class Plan:
     missing: dict[str, str]  # method -> "not measured: missing ..."
     prompts: list[Prompt]
     pacer: PacerSettings
+    asd: AsdSettings
     block: int  # B of the main block drafter (it drafts at most B - 1 tokens per round)
     dflash_block: int | None  # B of the DFlash-loss drafter, when present
 
 
 # ---- checks, before any model loads ---------------------------------------------------------
-def pacer_settings(cfg: BenchmarkConfig) -> PacerSettings:
+def tuned(cfg: BenchmarkConfig) -> dict:
+    """The evaluate sweep's picks (``pacer_defaults``), or {} when the config names none."""
     if not cfg.pacer_defaults:
-        return cfg.pacer
+        return {}
     path = Path(cfg.pacer_defaults)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark.pacer_defaults: {path} does not exist")
-    found = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def pacer_settings(cfg: BenchmarkConfig) -> PacerSettings:
+    found = tuned(cfg)
     keys = ("block_size", "threshold", "growth", "max_draft")
     return PacerSettings.model_validate(cfg.pacer.model_dump() | {k: found[k] for k in keys
                                                                    if k in found})
 
 
-def table(cfg: BenchmarkConfig, p: PacerSettings, drafter_block: int = 8,
+def asd_settings(cfg: BenchmarkConfig) -> AsdSettings:
+    """The config's ASD controls, with g and M from the sweep's picks when it made them."""
+    found = tuned(cfg)
+    keys = {"asd_gate": "gate", "asd_max_exceptions": "max_exceptions"}
+    return AsdSettings.model_validate(cfg.asd.model_dump() | {ours: found[k] for k, ours
+                                                              in keys.items() if k in found})
+
+
+def table(cfg: BenchmarkConfig, p: PacerSettings, asd: AsdSettings, drafter_block: int = 8,
           dflash_block: int | None = None) -> list[Method]:
     return method_table(cfg.fixed_gammas, cfg.ngram_gamma, cfg.prompt_lookup_tokens,
-                        cfg.heuristic_initial, p, cfg.asd.gate, cfg.asd.max_exceptions,
-                        cfg.asd.budgets, drafter_block, dflash_block)
+                        cfg.heuristic_initial, p, asd.gate, asd.max_exceptions,
+                        asd.budgets, drafter_block, dflash_block, cfg.ablation_growth)
 
 
 def check_methods(cfg: BenchmarkConfig) -> list[str]:
-    names = [m.name for m in table(cfg, cfg.pacer)]
+    names = [m.name for m in table(cfg, cfg.pacer, cfg.asd)]
     chosen = cfg.methods if cfg.methods is not None else names
     unknown = [m for m in chosen if m not in names]
     if unknown:
@@ -208,7 +225,7 @@ def check(cfg: BenchmarkConfig) -> Plan:
     uri = cfg.mlflow.tracking_uri
     refs = {"target": cfg.target, "drafter": required_ref("drafter", cfg.drafter, uri),
             "preverifier": required_ref("preverifier", cfg.preverifier, uri)}
-    p = pacer_settings(cfg)
+    p, asd = pacer_settings(cfg), asd_settings(cfg)
     why = {}
     for key in ("drafter_dflash", "preverifier_no_position"):
         refs[key], why[key] = optional_ref(key, getattr(cfg, key), uri)
@@ -216,7 +233,8 @@ def check(cfg: BenchmarkConfig) -> Plan:
     check_tokenizer(cfg.prompts, cfg.target, "benchmark.prompts")
     block = BlockDrafter.read_config(refs["drafter"])[0].block_size
     dflash = refs["drafter_dflash"] and BlockDrafter.read_config(refs["drafter_dflash"])[0].block_size
-    methods = [m for m in table(cfg, p, block, dflash and min(dflash, block)) if m.name in names]
+    methods = [m for m in table(cfg, p, asd, block, dflash and min(dflash, block))
+               if m.name in names]
     missing = {m.name: why[m.needs] for m in methods if m.needs and refs[m.needs] is None}
-    return Plan(refs, [m for m in methods if m.name not in missing], missing, prompts, p,
+    return Plan(refs, [m for m in methods if m.name not in missing], missing, prompts, p, asd,
                 block, dflash or None)

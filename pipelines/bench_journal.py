@@ -2,7 +2,9 @@
 a run interrupted (a session's end, a crash) continues where it stopped.
 
 The first line is a header holding a fingerprint of everything that decides the numbers (the
-config without its output and display fields, and the prompt ids). A journal whose fingerprint
+config without its output and display fields, the prompt ids, and the inputs behind the config's
+paths: each method's settings, so the sweep's picks, and the contents of the model directories,
+so a retrained pair at the same path starts a new journal). A journal whose fingerprint
 differs from the run's is set aside (renamed ``*.stale``), never mixed in. Records keep the
 engine's ``RequestStats`` as a plain dict.
 """
@@ -17,14 +19,23 @@ from pathlib import Path
 
 from pipelines.bench_methods import Record
 from specdec.engine.stats import RequestStats
+from specdec.models.sources import content_hash
 
 IGNORED = {"out_dir", "quick_out_dir", "progress", "mlflow"}  # do not change the numbers
 
 
-def fingerprint(config: dict, prompt_ids: list[str]) -> str:
+def fingerprint(config: dict, prompt_ids: list[str], inputs: dict | None = None) -> str:
     kept = {k: v for k, v in config.items() if k not in IGNORED}
-    blob = json.dumps({"config": kept, "prompts": prompt_ids}, sort_keys=True, default=str)
+    blob = json.dumps({"config": kept, "prompts": prompt_ids, "inputs": inputs or {}},
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def inputs(methods: list, refs: dict[str, str | None]) -> dict:
+    """What a config's paths stand for: each method's settings and each local model
+    directory's content hash (named models are identified by their name)."""
+    models = {k: content_hash(Path(v)) if v and Path(v).is_dir() else v for k, v in refs.items()}
+    return {"methods": {m.name: m.settings for m in methods}, "models": models}
 
 
 def plain(obj) -> dict:

@@ -68,7 +68,7 @@ class Record:
 def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
                  heuristic_initial: int, p: PacerSettings, asd_gate: float,
                  asd_max_exceptions: int, asd_budgets: list[float], drafter_block: int,
-                 dflash_block: int | None) -> list[Method]:
+                 dflash_block: int | None, ablation_growth: float = 1.1) -> list[Method]:
     """Every method, in report order. ``drafter_block`` is B of the main block drafter, which
     drafts at most B - 1 tokens per pass (the engine caps any longer window at that)."""
     cap = drafter_block - 1
@@ -92,16 +92,23 @@ def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
                "asd_max_exceptions": asd_max_exceptions}
         methods.append(Method(f"pacer_asd_{b:g}", "main", pacer(p) | asd, strict=False,
                               note=f"PACER + ASD, B={b:g}, g={asd_gate:g}, M={asd_max_exceptions}"))
-    rho1 = p.model_copy(update={"growth": 1.0})
+    rho = rho_ablation(p, ablation_growth)
     methods += [
         Method("pacer_no_position", "no_position", pacer(p), needs="preverifier_no_position",
                note="PACER, pre-verifier without position embedding"),
-        Method("pacer_rho1", "main", pacer(rho1), note=pacer_note(rho1)),
+        Method("pacer_rho_ablation", "main", pacer(rho),
+               note=f"{pacer_note(rho)}: PACER with rho = {rho.growth:g} (the ablation)"),
     ]
     g = (dflash_block or drafter_block) - 1
     methods.append(Method("dflash_fixed", "dflash", fixed(g), needs="drafter_dflash",
                           note=f"DFlash-loss drafter, gamma {g} (B-1)"))
     return methods
+
+
+def rho_ablation(p: PacerSettings, grown: float) -> PacerSettings:
+    """The paper's ablation of the growing threshold: PACER's setting with rho = 1 or, when
+    that setting has rho = 1 already (a sweep may pick it), with rho = ``grown``."""
+    return p.model_copy(update={"growth": 1.0 if p.growth > 1.0 else grown})
 
 
 def pacer_note(p: PacerSettings) -> str:

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MAIN = ("ngram", "fixed_4", "heuristic", "pacer", "pacer_no_position", "pacer_rho1",
+MAIN = ("ngram", "fixed_4", "heuristic", "pacer", "pacer_no_position", "pacer_rho_ablation",
         "dflash_fixed")
 
 

@@ -7,7 +7,8 @@ chat prompts (a seeded choice), both from the corpus's ``benchmark`` split (chat
 prompt ids; never training data). Methods (``pipelines.bench_methods``): our engine with no
 drafter (``ar``, the baseline), HF ``generate`` greedy and with prompt lookup, our n-gram
 drafter, fixed windows, the heuristic schedule, PACER, PACER + ASD at several budgets, and the
-ablations (PACER without position embedding, PACER with rho = 1, the DFlash-loss drafter).
+ablations (PACER without position embedding, PACER's threshold growth rho against rho = 1, the
+DFlash-loss drafter).
 A method whose optional model is not configured is reported as not measured, never estimated.
 
 Everything runs in this process, sequentially (no Ray: timing must not share cores with other
@@ -28,7 +29,7 @@ import sys
 from pathlib import Path
 
 from pipelines.bench_config import BenchmarkConfig, Plan, check
-from pipelines.bench_journal import Journal, fingerprint
+from pipelines.bench_journal import Journal, fingerprint, inputs
 from pipelines.bench_methods import ENGINE_DRAFTERS
 from pipelines.config import load_config
 from pipelines.tracking import git_state
@@ -49,7 +50,8 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     models = bm.load_models(plan.refs, engines, cfg.dtype, cfg.device)
     run = bm.runners(plan.methods, models)
     bm.warm_up(run, plan.prompts[0], cfg.warmup_tokens)
-    key = fingerprint(cfg.model_dump(), [p.id for p in plan.prompts])
+    key = fingerprint(cfg.model_dump(), [p.id for p in plan.prompts],
+                      inputs(plan.methods, plan.refs))
     journal = Journal(Path(cfg.out_dir) / "records.jsonl", key)
     if journal.done:
         print(f"benchmark: resuming, {len(journal.done)} calls already in {journal.path}")
@@ -79,7 +81,9 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, li
     if dpace is None:
         missing.setdefault("dflash_fixed",
                            f"not measured: no fixed window drafts {gamma} tokens per round")
-    return {kind: [row for c in make(asd, fixed, dpace) for row in evaluate(c, summary, missing)]
+    grows = plan.pacer.growth > 1.0
+    return {kind: [row for c in make(asd, fixed, dpace, grows)
+                   for row in evaluate(c, summary, missing)]
             for kind, make in (("claims", claims), ("goals", goals))}
 
 
@@ -95,7 +99,7 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
             "preverifier_no_position": cfg.preverifier_no_position, "prompts": cfg.prompts,
             "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "seed": cfg.seed,
             "pacer": plan.pacer.model_dump(), "pacer_defaults": cfg.pacer_defaults,
-            "asd": cfg.asd.model_dump(), "drafter_block_size": plan.block,
+            "asd": plan.asd.model_dump(), "drafter_block_size": plan.block,
             "peak_rss_reset": reset_peak_rss()}
     methods = {m.name: {"runs": ENGINE_DRAFTERS.get(m.engine, "HF transformers generate"),
                         "settings": m.settings, "strict": m.strict, "note": m.note}

@@ -12,6 +12,7 @@ Models load only from safetensors: no pickle is ever read from disk.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -23,6 +24,16 @@ import torch
 def specdec_home() -> Path:
     """Where specdec caches models and its MLflow store (``$SPECDEC_HOME``, default ``./.specdec``)."""
     return Path(os.environ.get("SPECDEC_HOME", ".specdec")).absolute()
+
+
+def content_hash(directory: Path) -> str:
+    """SHA-256 over the relative path and bytes of every file under ``directory``: the identity
+    of a checkpoint's contents, whatever its path."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

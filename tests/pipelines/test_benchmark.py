@@ -92,7 +92,7 @@ def test_every_strict_method_reproduces_ar(results):
     for w, x in results["workloads"].items():
         methods = x["methods"]
         assert {"ar", "hf_generate", "hf_prompt_lookup", "ngram", "fixed_15", "pacer",
-                "pacer_no_position", "pacer_rho1", "pacer_asd_4", "dflash_fixed"} <= methods.keys()
+                "pacer_no_position", "pacer_rho_ablation", "pacer_asd_4", "dflash_fixed"} <= methods.keys()
         for name, m in methods.items():
             assert m["tokens"] > 0, (w, name)
             if m["strict"]:
@@ -209,8 +209,45 @@ def test_pacer_defaults_file_overrides_the_config(env, tmp_path):
     path = tmp_path / "pacer_defaults.json"
     path.write_text(json.dumps({"policy": "pacer", "block_size": 3, "threshold": 0.7,
                                 "growth": 1.3, "max_draft": 16}))
-    p = bench_config.pacer_settings(tiny_config(f"pacer_defaults={path}"))
+    cfg = tiny_config(f"pacer_defaults={path}", "asd.gate=0.1")
+    p = bench_config.pacer_settings(cfg)
     assert (p.block_size, p.threshold, p.growth, p.max_draft) == (3, 0.7, 1.3, 16)
+    assert bench_config.asd_settings(cfg).gate == 0.1  # no ASD pick in the file: the config's
+    tuned = json.loads(path.read_text()) | {"asd_gate": 0.5, "asd_max_exceptions": 4}
+    path.write_text(json.dumps(tuned))
+    asd = bench_config.asd_settings(cfg)
+    assert (asd.gate, asd.max_exceptions, asd.budgets) == (0.5, 4, cfg.asd.budgets)
+
+
+def test_rho_ablation_runs_the_other_side_of_pacers_own_rho():
+    from pipelines.evaluate import PacerSettings
+
+    grows, constant = PacerSettings(growth=1.3), PacerSettings(growth=1.0)
+    assert bench_methods.rho_ablation(grows, 1.1).growth == 1.0
+    assert bench_methods.rho_ablation(constant, 1.1).growth == 1.1
+    for rho_grows, num, den in [(True, "pacer", "pacer_rho_ablation"),
+                                (False, "pacer_rho_ablation", "pacer")]:
+        c = next(c for c in bench_metrics.claims([], [], None, rho_grows) if "rho" in c.title)
+        assert (c.num, c.den) == (num, (den,))
+
+
+def test_the_journal_key_follows_the_checkpoints_contents(tmp_path):
+    from pipelines.bench_journal import fingerprint, inputs
+
+    ckpt = tmp_path / "drafter"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"one")
+    config, refs = {"drafter": str(ckpt)}, {"drafter": str(ckpt), "target": "smollm2-135m"}
+
+    def key(threshold: float) -> str:
+        method = bench_methods.Method("pacer", "main", {"policy": "pacer", "threshold": threshold})
+        return fingerprint(config, ["p0"], inputs([method], refs))
+
+    first = key(0.5)
+    assert key(0.5) == first
+    assert key(0.7) != first  # a new sweep pick behind the same pacer_defaults path
+    (ckpt / "model.safetensors").write_bytes(b"two")  # retrained, same path
+    assert key(0.5) != first
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "bench").glob("*.yaml")),

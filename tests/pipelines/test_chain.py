@@ -52,7 +52,8 @@ def chain(ray_session, store, tiny_llama):
         prompts=str(out["corpus"]["benchmark"]), limit=2, max_new_tokens=12, fixed_gammas=[3],
         pacer={"max_draft": 5},
         sweep={"prompts": str(out["corpus"]["dev"]), "limit": 1, "block_sizes": [2],
-               "thresholds": [0.5], "growths": [1.0, 1.2]},
+               "thresholds": [0.5], "growths": [1.0, 1.2], "asd_budget": 1.0,
+               "asd_gates": [0.25, 0.5], "asd_max_exceptions": [2]},
         actors=ACTORS))
     return out
 
@@ -75,7 +76,12 @@ def test_simulation_rows_and_preverifier_metrics(chain):
 
 def test_evaluation_reports_acceptance_and_picks_pacer_defaults(chain):
     out = chain["evaluate"]
-    assert out["pacer_defaults"]["policy"] == "pacer"
+    picked = out["pacer_defaults"]
+    assert picked["policy"] == "pacer" and "verify" not in picked  # strict unless asked
+    assert picked["asd_gate"] in (0.25, 0.5) and picked["asd_max_exceptions"] == 2
+    assert len(out["asd_sweep"]) == 2
+    for agg in out["asd_sweep"].values():  # the ledger never spends more than B = 1
+        assert 0.0 <= agg["regret_per_request"] <= 1.0 + 1e-9
     for agg in out["benchmark"].values():
         assert agg["mean_accepted_length"] >= 1.0
         assert all(0.0 <= a <= 1.0 for a in agg["acceptance_at"])
