@@ -4,8 +4,9 @@
         [--out artifacts/smollm2-135m]
 
 Stages, each a subprocess ``python -m pipelines.JOB --config CONFIGS/JOB.yaml`` with
-``RAY_AUTH_MODE=disabled``, timed: corpus -> train_drafter -> simulate -> train_preverifier ->
-evaluate (its PACER sweep on the dev split gives ``pacer_defaults.json``); then
+``RAY_AUTH_MODE=disabled``, timed: corpus -> responses (the target's own greedy answers to the
+training prompts, the drafter's text) -> train_drafter -> simulate -> train_preverifier ->
+evaluate (its PACER and ASD sweep on the dev split gives ``pacer_defaults.json``); then
 ``pipelines.export_default`` writes the bfloat16 pair to ``--out`` with a provenance that holds,
 per stage, the command, the config, the wall time, the MLflow run and its final metrics.
 
@@ -41,7 +42,7 @@ from pipelines.config import load_config
 from pipelines.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
-STAGES = ("corpus", "train_drafter", "simulate", "train_preverifier", "evaluate")
+STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate")
 TRAINED = ("train_drafter", "train_preverifier")  # the stages that register a model version
 
 
@@ -102,7 +103,8 @@ def registered_by(client, run_id: str) -> dict:
 
 def adopted(job: str, run_ids: list[str], settings) -> dict:
     """A stage's record from MLflow runs of a job run by hand (a resumed run logs one MLflow
-    run per attempt): wall time from the runs' start and end times, the newest run (which must
+    run per attempt): wall time from the runs' start and end times plus the offline training
+    they handed back (their ``offline_seconds``), the newest run (which must
     have finished) for the metrics, the registered version and, as its params, the config."""
     import mlflow
 
@@ -115,9 +117,12 @@ def adopted(job: str, run_ids: list[str], settings) -> dict:
     last = runs[-1]
     if last.info.status != "FINISHED":
         raise ValueError(f"--record {job}: the newest run {last.info.run_id} did not finish")
+    inside = sum(r.info.end_time - r.info.start_time for r in runs) / 1000
+    offline = sum(r.data.metrics.get("offline_seconds", 0.0) for r in runs)
     record = {"command": f"adopted MLflow runs {run_ids}", "config": last.data.params,
-              "wall_note": "inside the MLflow runs: process start-up and pre-run loading excluded",
-              "wall_s": round(sum(r.info.end_time - r.info.start_time for r in runs) / 1000, 1),
+              "wall_note": "inside the MLflow runs, plus the offline attempts they handed back "
+                           "(offline_seconds): process start-up and pre-run loading excluded",
+              "wall_s": round(inside + offline, 1), "offline_s": round(offline, 1),
               "failed_attempts_s": 0.0, "finished_at": time.strftime(
                   "%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.info.end_time / 1000)),
               "mlflow_run": last.info.run_id, "metrics": last.data.metrics}
@@ -183,8 +188,8 @@ def provenance_extra(state: dict) -> dict:
     walls = {s: round(state["stages"][s]["wall_s"] + state["stages"][s]["failed_attempts_s"], 1)
              for s in STAGES}
     return {"recipe": "make train-default (python -m pipelines.train_default)",
-            "data": {"corpus_config": state["stages"]["corpus"]["config"],
-                     "corpus_metrics": state["stages"]["corpus"]["metrics"]},
+            "data": {f"{stage}_{key}": state["stages"][stage][key]
+                     for stage in ("corpus", "responses") for key in ("config", "metrics")},
             "wall_s": {**walls, "total": round(sum(walls.values()), 1)},
             "stages": state["stages"],
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

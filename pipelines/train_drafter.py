@@ -402,13 +402,16 @@ def log_step(client, run_id: str, metrics: dict, step: int) -> None:
 
 OFFLINE_RUN = "offline"
 OFFLINE_METRICS = "offline-metrics.jsonl"
+OFFLINE_TIME = "offline-seconds.jsonl"  # one line per offline attempt: steps and wall time
 
 
 def run_offline(cfg: TrainDrafterConfig, minutes: float | None = None) -> dict:
     """Train in this process on the GPU when there is one; checkpoints go to ``run_dir`` exactly
-    as the Ray job writes them, and metrics to ``run_dir/offline-metrics.jsonl``. A later
-    ``python -m pipelines.train_drafter`` with ``resume: true`` and the same ``steps`` hands the
-    result back through Ray Train, logs those metrics to MLflow and registers the drafter.
+    as the Ray job writes them, metrics to ``run_dir/offline-metrics.jsonl`` and the attempt's
+    wall time to ``run_dir/offline-seconds.jsonl``. A later ``python -m pipelines.train_drafter``
+    with ``resume: true`` and the same ``steps`` hands the result back through Ray Train, logs
+    those metrics (and the offline time, as ``offline_seconds``) to MLflow and registers the
+    drafter.
 
     With ``minutes`` the step count is fitted to the time: after 12 steps, ``steps`` becomes
     what the rest of the budget allows at their pace (the cosine schedule follows it); the
@@ -442,16 +445,25 @@ def run_offline(cfg: TrainDrafterConfig, minutes: float | None = None) -> dict:
                 write_checkpoint(loop, step, metrics, OFFLINE_RUN)
     done = cfg.model_copy(update={"steps": total})
     (cfg.output() / "offline-config.json").write_text(done.model_dump_json(indent=2))
+    seconds = round(time.perf_counter() - started, 1)
+    with (cfg.output() / OFFLINE_TIME).open("a") as f:
+        f.write(json.dumps({"from_step": loop.start, "to_step": total, "seconds": seconds,
+                            "device": str(device)}) + "\n")
     return {"checkpoint": str(ckpt.step_dir(cfg.output(), total)), "steps": total,
-            "seconds": round(time.perf_counter() - started, 1), "device": str(device),
-            "metrics": metrics}
+            "seconds": seconds, "device": str(device), "metrics": metrics}
 
 
 def log_offline_metrics(cfg: TrainDrafterConfig) -> int:
-    """Log an offline run's metrics to the active MLflow run, once; -> the steps logged."""
+    """Log an offline run's metrics, and the wall time of its attempts as ``offline_seconds``,
+    to the active MLflow run, once; -> the steps logged."""
     import mlflow
     from mlflow.entities import Metric
 
+    times = cfg.output() / OFFLINE_TIME
+    if times.is_file():
+        attempts = [json.loads(line) for line in times.read_text().splitlines() if line.strip()]
+        mlflow.log_metric("offline_seconds", sum(a["seconds"] for a in attempts))
+        times.rename(times.with_suffix(".logged.jsonl"))
     path = cfg.output() / OFFLINE_METRICS
     if not path.is_file():
         return 0

@@ -19,10 +19,10 @@ FULL = {"stages": {s: {} for s in td.STAGES}, "failed_s": {}}
 
 def test_plan_runs_from_the_given_stage_only_after_recorded_stages():
     assert td.plan("corpus", {"stages": {}}) == list(td.STAGES)
-    done = {"stages": {"corpus": {}, "train_drafter": {}}}
+    done = {"stages": {"corpus": {}, "responses": {}, "train_drafter": {}}}
     assert td.plan("simulate", done) == ["simulate", "train_preverifier", "evaluate"]
     assert td.plan("export", FULL) == []
-    with pytest.raises(ValueError, match="start from train_drafter"):
+    with pytest.raises(ValueError, match="start from responses"):
         td.plan("simulate", {"stages": {"corpus": {}}})
     with pytest.raises(ValueError, match="choose one of"):
         td.plan("benchmark", FULL)
@@ -78,3 +78,7 @@ def test_stage_records_and_champion(store, tmp_path, monkeypatch):
     assert record["config"] == {"lr": "0.001"}  # the run's params
     with pytest.raises(ValueError, match="not an ended simulate run"):
         td.adopted("simulate", [run_id], settings)
+    # a run that handed back offline training counts that time too
+    mlflow.MlflowClient(uri).log_metric(run_id, "offline_seconds", 100.0)
+    record = td.adopted("train_preverifier", [run_id], settings)
+    assert record["offline_s"] == 100.0 and 100.0 <= record["wall_s"] < 200.0

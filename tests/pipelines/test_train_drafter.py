@@ -151,10 +151,14 @@ def test_an_offline_run_is_handed_back_and_registered_by_the_ray_job(ray_session
         "step": 4, "loss": done["metrics"]["loss"], "run_id": train_drafter.OFFLINE_RUN}
     out = train_drafter.run(cfg)  # trains nothing: logs the offline steps, registers the drafter
     assert step_history(store, out["run_id"]) == [1, 2, 3, 4]
+    client = mlflow.MlflowClient(store["tracking_uri"])
+    logged = client.get_run(out["run_id"]).data.metrics["offline_seconds"]
+    assert logged == pytest.approx(done["seconds"])  # the offline wall time, for the records
     assert (Path(out["drafter"]) / "model.safetensors").read_bytes() == \
         (checkpoints.latest(run_dir) / "drafter" / "model.safetensors").read_bytes()
     assert out["model_uri"].startswith("models:/")
     assert not (run_dir / train_drafter.OFFLINE_METRICS).exists()  # logged once
+    assert not (run_dir / train_drafter.OFFLINE_TIME).exists()
 
 
 def test_offline_minutes_fit_the_step_count(store, tiny_llama, tiny_corpus):
