@@ -99,6 +99,7 @@ def comparison_rows(rows: list[dict], goal: bool) -> list[str]:
 
 def markdown(results: dict) -> str:
     meta, mach = results["meta"], results["meta"]["machine"]
+    repeats = f"{meta['repeats']} repeat{'' if meta['repeats'] == 1 else 's'}"
     lines = [
         f"# Engine benchmark, {meta['date']}", "",
         f"Command: `{meta['command']}` (commit {(meta['git']['commit'] or 'unknown')[:12]}"
@@ -107,7 +108,7 @@ def markdown(results: dict) -> str:
         f"{mach['device']} with {mach['torch_threads']} threads, Python {mach['python']}.",
         f"Pair: target {meta['target']} ({meta['dtype']}), drafter {meta['drafter']}, "
         f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "
-        f"{meta['repeats']} repeats, methods interleaved per prompt.", "",
+        f"{repeats}, methods interleaved per prompt.", "",
         "tokens/s: per repeat, the workload's tokens over the summed wall time of its calls "
         "(prefill included); "
         "median over repeats. Time shares come from the engine's own timers (HF generate has "
