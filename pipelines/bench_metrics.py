@@ -195,8 +195,7 @@ def claims(asd_methods: list[str], fixed_methods: list[str], dpace_fixed: str | 
     return out
 
 
-def goals(asd_methods: list[str], fixed_methods: list[str], dpace_fixed: str | None,
-          rho_grows: bool = True) -> list[Comparison]:
+def goals(asd_methods: list[str], fixed_methods: list[str], dpace_fixed: str | None) -> list[Comparison]:
     tps = "tokens_per_s"
     out = [
         Comparison("PACER >= 2.5x AR on HumanEval", tps, "pacer", ("ar",), ("humaneval",), 2.5),

@@ -81,10 +81,10 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, li
     if dpace is None:
         missing.setdefault("dflash_fixed",
                            f"not measured: no fixed window drafts {gamma} tokens per round")
-    grows = plan.pacer.growth > 1.0
-    return {kind: [row for c in make(asd, fixed, dpace, grows)
-                   for row in evaluate(c, summary, missing)]
-            for kind, make in (("claims", claims), ("goals", goals))}
+    made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0),
+            "goals": goals(asd, fixed, dpace)}
+    return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
+            for kind, cs in made.items()}
 
 
 def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
