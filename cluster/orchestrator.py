@@ -8,10 +8,18 @@ concurrently on one event loop and interleave their rounds on the actors.
 ``reap`` frees state an actor holds for a request with no running loop (an orphan: a loop whose
 ``finally`` never ran), so no path leaves state behind for longer than one reaping period.
 This module knows nothing about HTTP or tokenisation.
+
+Cleanup calls are ``detached`` from the request. In an async actor (a Serve replica) Ray counts
+every actor call made in a request's context as a child of that request's task, and cancelling
+the request (a client that disconnects) cancels its pending children, also those made after the
+cancel, from the loop's ``finally``: a ``close`` queued behind a running round would be dropped
+and the request's state leaked.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator
 
@@ -28,6 +36,12 @@ CONTROL_GROUP = "control"
 def control(method):
     """``method`` of an actor handle, called in the control group."""
     return method.options(concurrency_group=CONTROL_GROUP)
+
+
+def detached(fn, *args) -> None:
+    """Run ``fn(*args)`` soon on the running loop, in an empty context: actor calls it makes
+    belong to no request, so no request's cancellation cancels them."""
+    asyncio.get_running_loop().call_soon(fn, *args, context=contextvars.Context())
 
 
 class Orchestrator:
@@ -81,8 +95,12 @@ class Orchestrator:
         return draft
 
     def close(self, rid: str) -> None:
-        """Free the request in both actors. Fire-and-forget: each actor runs the close after
-        any call of this request already submitted to it, so nothing leaks."""
+        """Free the request in both actors, soon and ``detached`` from any request. Fire and
+        forget: each actor runs the close after any call of this request already submitted to
+        it, so nothing leaks."""
+        detached(self._close_now, rid)
+
+    def _close_now(self, rid: str) -> None:
         self.target.close.remote(rid)
         if self.drafter is not None:
             self.drafter.close.remote(rid)

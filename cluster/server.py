@@ -10,9 +10,12 @@ tokenises with the target's tokenizer, and streams rounds as SSE chunks.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
+import anyio
 import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -39,6 +42,19 @@ def is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class ClosingStream(StreamingResponse):
+    """A streaming response that closes its body generator however sending ends. When a client
+    leaves, the send is cancelled between chunks and Starlette drops the generator unclosed: its
+    ``finally`` (freeing the slot and the actors' state) would wait for garbage collection."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
 
 
 class Server:
@@ -114,7 +130,7 @@ class Server:
         if req.stream:
             # The slot is freed by the stream's end, or by the background task when a client
             # leaves before the first byte (the stream body then never starts).
-            return StreamingResponse(self._stream(rid, progress, chat),
+            return ClosingStream(self._stream(rid, progress, chat),
                                      media_type="text/event-stream",
                                      background=BackgroundTask(self._release, rid))
         try:
@@ -133,9 +149,10 @@ class Server:
     async def _stream(self, rid: str, progress: Progress, chat: bool) -> AsyncIterator[str]:
         text = TextStream(self.tokenizer)
         try:
-            async for new in self.orchestrator.run(rid, progress):
-                choice = wire.choice(chat, text.add(new), new, None, delta=True)
-                yield wire.sse(wire.response(rid, chat, self.model_id, choice, chunk=True))
+            async with aclosing(self.orchestrator.run(rid, progress)) as rounds:
+                async for new in rounds:
+                    choice = wire.choice(chat, text.add(new), new, None, delta=True)
+                    yield wire.sse(wire.response(rid, chat, self.model_id, choice, chunk=True))
             choice = wire.choice(chat, text.finish(), [], progress.finish_reason, delta=True)
             yield wire.sse(wire.response(rid, chat, self.model_id, choice,
                                          self._totals(progress), chunk=True))
@@ -147,10 +164,13 @@ class Server:
         yield wire.sse("[DONE]")
 
     def _start_reaper(self) -> None:
-        """Free orphaned request state every ``limits.reap_every_s`` seconds, on this loop."""
+        """Free orphaned request state every ``limits.reap_every_s`` seconds, on this loop, in
+        a context of its own: started from a request, it must not share its fate (see
+        ``cluster.orchestrator.detached``)."""
         every = self.args.limits.reap_every_s
         if self.reaper is None and every > 0:
-            self.reaper = asyncio.get_running_loop().create_task(self._reap_forever(every))
+            self.reaper = asyncio.get_running_loop().create_task(
+                self._reap_forever(every), context=contextvars.Context())
 
     async def _reap_forever(self, every: float) -> None:
         while True:
