@@ -40,8 +40,14 @@ def control(method):
 
 def detached(fn, *args) -> None:
     """Run ``fn(*args)`` soon on the running loop, in an empty context: actor calls it makes
-    belong to no request, so no request's cancellation cancels them."""
-    asyncio.get_running_loop().call_soon(fn, *args, context=contextvars.Context())
+    belong to no request, so no request's cancellation cancels them. Outside a loop (a round
+    loop finalised at shutdown) there is no request to detach from: it runs at once."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        fn(*args)
+        return
+    loop.call_soon(fn, *args, context=contextvars.Context())
 
 
 class Orchestrator:
