@@ -131,8 +131,8 @@ class Server:
             # The slot is freed by the stream's end, or by the background task when a client
             # leaves before the first byte (the stream body then never starts).
             return ClosingStream(self._stream(rid, progress, chat),
-                                     media_type="text/event-stream",
-                                     background=BackgroundTask(self._release, rid))
+                                 media_type="text/event-stream",
+                                 background=BackgroundTask(self._release, rid))
         try:
             async for _ in self.orchestrator.run(rid, progress):
                 pass
