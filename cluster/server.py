@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -337,8 +338,8 @@ class Server:
 
     def _params(self, req, chat: bool, prompt_len: int) -> GenerationParams:
         max_tokens = self._max_tokens(req, prompt_len)
-        if req.temperature < 0:
-            raise wire.ApiError(400, f"temperature must be >= 0, got {req.temperature}",
+        if not (req.temperature >= 0 and math.isfinite(req.temperature)):
+            raise wire.ApiError(400, f"temperature must be finite and >= 0, got {req.temperature}",
                                 param="temperature", code="invalid_value")
         merged_spec = {**self.args.speculative.model_dump(), **(req.speculative or {})}
         spec = wire.parse(Speculative, merged_spec, prefix="speculative.")
