@@ -1,7 +1,8 @@
 """The server's gate: an ASGI middleware that checks the API key and caps the request body
 before any route runs.
 
-With a key configured, every route except ``/health`` answers 401 (OpenAI's error JSON) unless
+With a key configured, every route except ``/health`` (and ``/metrics`` when the config makes
+it public) answers 401 (OpenAI's error JSON) unless
 the request carries ``Authorization: Bearer <key>``. A body larger than the cap is refused with
 413, whether it declares its length or streams in chunks; a body under the cap is read once
 and replayed to the app. This module knows nothing about models or the round loop.
@@ -26,15 +27,17 @@ def api_key(configured: str | None, environ=os.environ) -> str | None:
 
 
 class Guard:
-    def __init__(self, app, key: str | None, max_body_bytes: int):
+    def __init__(self, app, key: str | None, max_body_bytes: int,
+                 open_paths: frozenset[str] = OPEN_PATHS):
         self.app = app
         self.key = key
         self.max_body_bytes = max_body_bytes
+        self.open_paths = open_paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.key is not None and route(scope) not in OPEN_PATHS and not self.authorised(scope):
+        if self.key is not None and route(scope) not in self.open_paths and not self.authorised(scope):
             return await reply(send, ApiError(401, "a valid API key is required: send "
                                               "'Authorization: Bearer <key>'",
                                               code="invalid_api_key"))

@@ -43,7 +43,9 @@ class Speculative(Strict):
 
 class Limits(Strict):
     max_tokens: PositiveInt = 512  # cap on a request's max_tokens
-    default_max_tokens: PositiveInt = 128
+    # max_tokens of a request that sets none; None: the context left after the prompt (OpenAI's
+    # default), in both cases at most max_tokens
+    default_max_tokens: PositiveInt | None = None
     max_concurrent_requests: PositiveInt = 16  # beyond this, 503
     idle_ttl_s: float = Field(600.0, ge=0)  # free state of requests idle this long (0 = never)
     reap_every_s: float = Field(30.0, ge=0)  # free orphaned request state this often (0 = never)
@@ -68,6 +70,7 @@ class ServeArgs(Strict):
     mlflow_tracking_uri: str | None = None
     # Bearer key every route but /health requires; None: $SPECDEC_API_KEY, unset: no key.
     api_key: str | None = Field(None, repr=False)
+    metrics_public: bool = False  # True: GET /metrics answers without the key (for scrapers)
 
     @property
     def served_model_id(self) -> str:

@@ -6,11 +6,15 @@ sampling from the target at temperature T, whatever the drafter proposes.
 
 What this module is: ``RejectionSampler``, a ``Verifier`` for sampled decoding. What it is not:
 no drafting (the drafter supplies its proposal distribution ``draft_probs``), no greedy rule (see
-``verify.py`` and ``asd.py``), no top-k / top-p truncation.
+``verify.py`` and ``asd.py``). With top-k / top-p / min-p (``sampling.warp``) the target side is
+the warped target and the drafter proposes from its own warped distribution; the argument is
+unchanged (it holds for any p and any q that gives each drafted token mass > 0), so the
+committed tokens are distributed exactly as sampling from the warped target.
 
 Terms, defined once (shapes as in ``verify.py``):
 
-* ``p_i = softmax(z_i / T)`` [V] -- the target distribution at position i (row i of the logits).
+* ``p_i = warp(z_i)`` [V] -- the target distribution at position i (row i of the logits):
+  softmax(z_i / T), truncated by top-k / top-p / min-p when those are set.
 * ``q_i`` [V] -- the drafter's proposal distribution at draft position i (row i of draft_probs);
   a deterministic drafter passes one-hot rows.
 * accepted token -- a draft token x_i kept with probability min(1, p_i(x_i) / q_i(x_i)).
@@ -27,6 +31,7 @@ from typing import ClassVar
 
 import torch
 
+from specdec.algorithms.sampling import Warp, warp
 from specdec.algorithms.verify import Verdict, check_round, commit
 
 __all__ = ["RejectionSampler"]
@@ -84,6 +89,9 @@ class RejectionSampler:
     """Speculative sampling at temperature T: lossless for any drafter."""
 
     temperature: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0
+    min_p: float = 0.0
     lossless: ClassVar[bool] = True
 
     def __post_init__(self):
@@ -92,6 +100,11 @@ class RejectionSampler:
                 f"rejection sampling needs a finite temperature > 0 "
                 f"(use the strict verifier for greedy), got {self.temperature}"
             )
+        self.warp  # noqa: B018 -- validates top_k, top_p, min_p
+
+    @property
+    def warp(self) -> Warp:
+        return Warp(self.temperature, self.top_k, self.top_p, self.min_p)
 
     def verify(
         self,
@@ -103,7 +116,7 @@ class RejectionSampler:
         generator: torch.Generator | None = None,
     ) -> Verdict:
         k = check_round(logits, draft)
-        p = torch.softmax(logits.double() / self.temperature, dim=-1)  # [K+1, V]
+        p = warp(logits, self.warp)  # [K+1, V]
         if k == 0:  # a plain sampling step: only the bonus
             return Verdict(accepted=0, tokens=[_sample(p[0], generator)])
         q = _check_draft_probs(draft_probs, k, p.shape[1]).to(p)  # [K, V]

@@ -13,8 +13,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from specdec.engine.logprobs import TokenLogprobs
 from specdec.engine.settings import GenerationParams
 from specdec.engine.stats import RequestStats
+from specdec.engine.stops import StopStrings
 from specdec.engine.workers import Draft, DraftWorker, RoundResult, TargetWorker
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
@@ -23,8 +25,9 @@ from specdec.models.target import TargetModel
 @dataclass(frozen=True)
 class Output:
     token_ids: list[int]  # generated tokens, the prompt excluded
-    finish_reason: str  # "stop" (EOS) or "length"
+    finish_reason: str  # "stop" (EOS, a stop token or a stop string) or "length"
     stats: RequestStats
+    logprobs: TokenLogprobs | None = None  # [len(token_ids)] rows when params.logprobs is set
 
 
 def check_prompt(prompt_ids: list[int], target: TargetModel) -> None:
@@ -58,15 +61,19 @@ class Progress:
     """The bookkeeping half of a round, shared by the engine and the served orchestrator.
 
     It decides how long the next draft may be and settles what a verify pass committed (stats,
-    EOS / budget truncation, finish reason). Whoever moves the tokens (local workers here, Ray
-    actors in ``cluster/``) calls ``limit`` before drafting and ``settle`` after verifying, so
-    both paths commit exactly the same tokens.
+    EOS / stop / budget truncation, finish reason). Whoever moves the tokens (local workers
+    here, Ray actors in ``cluster/``) calls ``limit`` before drafting and ``settle`` after
+    verifying, so both paths commit exactly the same tokens. A round that runs past a stop
+    token or stop string is cut there as at EOS; the stats count only the tokens kept.
     """
 
-    def __init__(self, prompt_ids: list[int], params: GenerationParams):
+    def __init__(self, prompt_ids: list[int], params: GenerationParams,
+                 stops: StopStrings | None = None):
         self.params = params
         self.prompt_ids = list(prompt_ids)
+        self.stops = stops
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []  # one part per round, when params.logprobs is set
         self.finish_reason: str | None = None
         self.stats = RequestStats()
 
@@ -91,7 +98,13 @@ class Progress:
         self.stats.target_s += result.target_s
         self.stats.record_round(len(draft.tokens), result.accepted, result.regret, result.exceptions,
                                 result.passes)
-        new, reason = truncate(result.tokens, budget, eos)
+        new, reason = truncate(result.tokens, budget, eos | self.params.stop_token_ids)
+        if self.stops is not None:
+            keep = self.stops.cut(self.token_ids + new, len(self.token_ids))
+            if keep is not None:
+                new, reason = new[: keep - len(self.token_ids)], "stop"
+        if result.logprobs is not None:
+            self.logprobs.append(result.logprobs.head(len(new)))
         if reason is None and room - result.accepted < 1:
             reason = "length"  # the context is full
         self.token_ids.extend(new)
@@ -99,12 +112,17 @@ class Progress:
         self.finish_reason = reason
         return new
 
+    def all_logprobs(self) -> TokenLogprobs | None:
+        """The kept tokens' log probabilities, when the request asked for them."""
+        return None if self.params.logprobs is None else TokenLogprobs.concat(self.logprobs)
+
 
 class Generation(Progress):
     """A streaming request: iterate for lists of newly committed tokens; then read the results."""
 
-    def __init__(self, engine: Engine, rid: str, prompt_ids: list[int], params: GenerationParams):
-        super().__init__(prompt_ids, params)
+    def __init__(self, engine: Engine, rid: str, prompt_ids: list[int], params: GenerationParams,
+                 stops: StopStrings | None = None):
+        super().__init__(prompt_ids, params, stops)
         self.engine, self.rid = engine, rid
         self._rounds = self._run()
 
@@ -128,7 +146,8 @@ class Generation(Progress):
     def result(self) -> Output:
         for _ in self:
             pass
-        return Output(self.token_ids, self.finish_reason or "length", self.stats)
+        return Output(self.token_ids, self.finish_reason or "length", self.stats,
+                      self.all_logprobs())
 
 
 class Engine:
@@ -142,13 +161,15 @@ class Engine:
         self.drafter = DraftWorker(drafter, preverifier) if drafter is not None else None
         self.eos = target.eos_token_ids
 
-    def stream(self, prompt_ids: list[int], params: GenerationParams | None = None) -> Generation:
+    def stream(self, prompt_ids: list[int], params: GenerationParams | None = None,
+               stops: StopStrings | None = None) -> Generation:
         params = params or GenerationParams()
         check_prompt(prompt_ids, self.target.target)
-        return Generation(self, f"local-{next(self._ids)}", prompt_ids, params)
+        return Generation(self, f"local-{next(self._ids)}", prompt_ids, params, stops)
 
-    def generate(self, prompt_ids: list[int], params: GenerationParams | None = None) -> Output:
-        return self.stream(prompt_ids, params).result()
+    def generate(self, prompt_ids: list[int], params: GenerationParams | None = None,
+                 stops: StopStrings | None = None) -> Output:
+        return self.stream(prompt_ids, params, stops).result()
 
     # ---- one request's lifecycle ------------------------------------------------------------
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams, gen: Progress):

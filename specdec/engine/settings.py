@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.algorithms.policies import POLICIES
+from specdec.algorithms.sampling import Warp
 from specdec.algorithms.verify import verifier_names
 
 
@@ -57,13 +58,14 @@ class SpecSettings:
             raise ValueError(f"verify={name} is greedy; use verify=sample for temperature > 0")
         return name
 
-    def verifier_params(self, temperature: float) -> dict:
+    def verifier_params(self, temperature: float, **warp) -> dict:
+        """Keyword arguments of the verifier; ``warp`` (top_k, top_p, min_p) goes to sampling."""
         name = self.verifier_name(temperature)
         if name == "asd":
             return dict(budget=self.asd_budget, gate=self.asd_gate,
                         max_exceptions=self.asd_max_exceptions, normalized=self.asd_normalized)
         if name == "sample":
-            return dict(temperature=temperature)
+            return dict(temperature=temperature, **warp)
         return {}
 
     def policy_params(self) -> dict:
@@ -81,10 +83,26 @@ class GenerationParams:
     temperature: float = 0.0
     seed: int = 0
     spec: SpecSettings = field(default_factory=SpecSettings)
+    top_k: int = 0  # sampling truncation (see specdec.algorithms.sampling.Warp); greedy ignores it
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: frozenset[int] = frozenset()  # end the output like EOS does
+    logprobs: int | None = None  # None: none; n >= 0: each token's and the top-n alternatives'
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        self.warp  # noqa: B018 -- validates top_k, top_p, min_p
         self.spec.verifier_name(self.temperature)  # fail early on a verifier/temperature clash
+
+    @property
+    def warp(self) -> Warp:
+        return Warp(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def warp_params(self) -> dict:
+        """The truncation settings, as keywords of ``Sampling`` and the sampling verifier."""
+        return dict(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)

@@ -24,6 +24,7 @@ import torch
 from specdec.algorithms.policies import DraftPolicy, make_policy
 from specdec.algorithms.sampling import Sampling
 from specdec.algorithms.verify import Verifier, make_verifier
+from specdec.engine.logprobs import TokenLogprobs, score
 from specdec.engine.settings import GenerationParams
 from specdec.models.drafter import DraftBlock, Drafter
 from specdec.models.target import TargetModel, TargetState
@@ -50,6 +51,7 @@ class RoundResult:
     features: torch.Tensor | None  # [accepted + 1, F] taps of the newly verified positions
     target_s: float = 0.0
     passes: int = 1  # target forwards this round ran (0: a first round with an empty draft)
+    logprobs: TokenLogprobs | None = None  # [accepted + 1] rows, only when the request asks
 
 
 @dataclass
@@ -62,6 +64,7 @@ class TargetRequest:
     # (logits [1, V], taps [1, F] or None).
     primed: tuple[torch.Tensor, torch.Tensor | None] | None = None
     spent: float = 0.0  # ASD ledger: regret spent so far
+    logprobs: int | None = None  # top alternatives to report per token; None: no logprobs
 
 
 def generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
@@ -82,13 +85,13 @@ class TargetWorker:
             raise ValueError(f"request {rid!r} is already open")
         spec = params.spec
         verifier = make_verifier(spec.verifier_name(params.temperature),
-                                 **spec.verifier_params(params.temperature))
+                                 **spec.verifier_params(params.temperature, **params.warp_params()))
         state = self.target.new_state()
         out = self.target.forward(state, prompt_ids, taps=self.features, last_logits_only=True)
         _, target_gen = generators(params.seed)
         primed = (out.logits[-1:], None if out.taps is None else out.taps[-1:])  # on its device
         self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=prompt_ids[-1],
-                                           primed=primed)
+                                           primed=primed, logprobs=params.logprobs)
         return None if out.taps is None else out.taps[:-1].cpu()
 
     def verify(self, rid: str, draft: Draft) -> RoundResult:
@@ -106,8 +109,9 @@ class TargetWorker:
         self.target.crop(req.state, start + 1 + verdict.accepted)
         req.pending = verdict.tokens[-1]
         features = None if taps is None else taps[: verdict.accepted + 1].cpu()
+        logprobs = None if req.logprobs is None else score(logits.cpu(), verdict.tokens, req.logprobs)
         return RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
-                           features, time.perf_counter() - t0, passes)
+                           features, time.perf_counter() - t0, passes, logprobs)
 
     def _score(self, req: TargetRequest, drafts: list[int]):
         """Target logits [K+1, V] and taps [K+1, F] (or None) at [pending, *drafts], and the
@@ -160,7 +164,7 @@ class DraftWorker:
         draft_gen, _ = generators(params.seed)
         self.requests[rid] = DraftRequest(
             self.drafter.start(prompt_ids, features), policy, policy.new_state(),
-            Sampling(params.temperature, draft_gen), timers,
+            Sampling(params.temperature, draft_gen, **params.warp_params()), timers,
         )
 
     def _timed_scorer(self, timers: dict):

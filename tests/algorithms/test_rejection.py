@@ -213,3 +213,54 @@ def test_empty_residual_falls_back_to_the_target():
     assert torch.equal(_residual(p, p.clone()), p)
     q = torch.tensor([0.4, 0.2, 0.3, 0.1], dtype=torch.float64)
     assert torch.allclose(_residual(p, q), torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64))
+
+
+# ---- top-k / top-p / min-p: lossless with respect to the warped target ------------------------
+# chi2.ppf(1 - 0.001, dof), for the dof a warped grid can have (checked against scipy below).
+CHI2_CRIT_P001 = {3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124, 9: 27.877,
+                  10: 29.588, 11: 31.264, 12: 32.909, 13: 34.528, 14: 36.123, 15: 37.697}
+WARPED = [dict(top_k=3), dict(top_p=0.75), dict(min_p=0.45), dict(top_k=3, top_p=0.9, min_p=0.3)]
+
+
+def warped_chi_square(verifier, w, proposal, trials: int = 5_000, seed: int = 99):
+    """(statistic, dof) of the (t0, t1) counts against the warped target's p_0(t0) * p_1(t1);
+    the statistic is inf when a token the warped target excludes was ever committed."""
+    from specdec.algorithms.sampling import warp_reference
+
+    gen = torch.Generator().manual_seed(seed)
+    drafts = sample_drafts(proposal, trials, gen)
+    counts = [[0] * V for _ in range(V)]
+    for t in range(trials):
+        t0, t1 = first_two_tokens(verifier, proposal, {0: drafts[0][t], 1: drafts[1][t]}, gen)
+        counts[t0][t1] += 1
+    p0, p1 = (warp_reference(TARGET[j].tolist(), w) for j in (0, 1))
+    cells = [(a, b) for a in range(V) for b in range(V)]
+    if any(counts[a][b] and p0[a] * p1[b] == 0 for a, b in cells):
+        return math.inf, 0
+    live = [(a, b) for a, b in cells if p0[a] * p1[b] > 0]
+    expected = {c: trials * p0[c[0]] * p1[c[1]] for c in live}
+    assert min(expected.values()) >= 5  # the chi-square approximation holds
+    return sum((counts[a][b] - expected[a, b]) ** 2 / expected[a, b] for a, b in live), len(live) - 1
+
+
+@pytest.mark.parametrize("settings", WARPED)
+def test_warped_sampling_follows_the_warped_target(settings):
+    from specdec.algorithms.sampling import Warp
+
+    w = Warp(T, **settings)
+    stat, dof = warped_chi_square(RejectionSampler(T, **settings), w, PROPOSAL)
+    assert 3 <= dof < 15  # the warp did truncate something
+    assert stat < CHI2_CRIT_P001[dof]
+
+
+def test_negative_control_the_unwarped_sampler_fails_the_warped_test():
+    from specdec.algorithms.sampling import Warp
+
+    stat, _ = warped_chi_square(RejectionSampler(T), Warp(T, top_k=3), PROPOSAL, trials=2_000)
+    assert stat == math.inf
+
+
+def test_warped_critical_values_match_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for dof, crit in CHI2_CRIT_P001.items():
+        assert stats.chi2.ppf(1 - 0.001, dof) == pytest.approx(crit, abs=1e-3)

@@ -87,3 +87,35 @@ def test_models_come_only_from_named_sources_the_registry_or_allowed_paths(tmp_p
         check_source(str(tmp_path), (str(tmp_path / "elsewhere"),))
     with pytest.raises(ValueError, match="outside"):
         check_source(f"{tmp_path}/../{tmp_path.name}/..", (str(tmp_path),))  # no escape via ..
+
+
+def test_metrics_can_be_opened_to_scrapers_without_the_key():
+    """``metrics_public: true`` adds /metrics to the gate's open paths (the hostile app checks
+    that it is closed by default); the real middleware, called over ASGI."""
+    import asyncio
+
+    from cluster.guard import OPEN_PATHS, Guard
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def status(guard, path, headers=()):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": path, "headers": list(headers), "root_path": ""}
+        asyncio.run(guard(scope, receive, send))
+        return sent[0]["status"]
+
+    public = Guard(app, key="k", max_body_bytes=1024, open_paths=OPEN_PATHS | {"/metrics"})
+    closed = Guard(app, key="k", max_body_bytes=1024)
+    assert status(public, "/metrics") == 200 and status(public, "/health") == 200
+    assert status(public, "/v1/models") == 401
+    assert status(closed, "/metrics") == 401
+    assert status(closed, "/metrics", [(b"authorization", b"Bearer k")]) == 200

@@ -129,6 +129,7 @@ def test_a_lone_surrogate_is_a_400_not_a_500(hostile_app, raw):
 # ---- the API key ---------------------------------------------------------------------------
 ROUTES = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
           ("GET", "/debug/active"), ("GET", "/debug/actors"), ("GET", "/debug/metrics"),
+          ("GET", "/metrics"),
           ("GET", "/openapi.json"), ("GET", "/docs")]
 BODY = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
 

@@ -121,3 +121,60 @@ def test_sampling_runs_with_every_model_drafter(tiny_llama, drafter):
         assert len(a.token_ids) == 16 or a.finish_reason == "stop"
         if drafter == "self":
             assert a.stats.accepted > 0  # the target's own proposals are often accepted
+
+
+# ---- stop tokens, stop strings, logprobs (issue 16) -------------------------------------------
+def test_a_stop_token_ends_the_output_like_eos(engine):
+    ids = ids_of(engine)
+    full = engine.generate(ids, GenerationParams(max_new_tokens=30)).token_ids
+    stop = full[7]
+    out = engine.generate(ids, GenerationParams(max_new_tokens=30, stop_token_ids=frozenset({stop})))
+    assert out.token_ids == full[: full.index(stop) + 1] and out.finish_reason == "stop"
+    assert out.stats.committed == len(out.token_ids)
+
+
+def test_a_stop_string_cuts_the_round_that_ran_past_it(engine):
+    from specdec.engine.stops import StopStrings
+
+    tok = engine.target.target.tokenizer
+    ids = ids_of(engine)
+
+    def decode(t):
+        return tok.decode(t, skip_special_tokens=True)
+
+    full = engine.generate(ids, GenerationParams(max_new_tokens=40)).token_ids
+    text = decode(full)
+    stop = text[len(text) // 2: len(text) // 2 + 3]  # a stop string from the middle of the output
+    out = engine.generate(ids, GenerationParams(max_new_tokens=40), StopStrings([stop], decode))
+    assert out.finish_reason == "stop" and out.token_ids == full[: len(out.token_ids)]
+    assert stop in decode(out.token_ids) and stop not in decode(out.token_ids[:-1])
+    assert out.stats.committed == len(out.token_ids) < len(full)
+    assert out.stats.accepted <= out.stats.drafted
+
+
+def test_logprobs_are_the_targets_own_per_token(engine):
+    import torch
+
+    ids = ids_of(engine)
+    params = GenerationParams(max_new_tokens=12, logprobs=3)
+    out = engine.generate(ids, params)
+    assert out.token_ids == engine.generate(ids, GenerationParams(max_new_tokens=12)).token_ids
+    lp = out.logprobs
+    assert len(lp) == len(out.token_ids) and all(len(t) == 3 for t in lp.top_ids)
+    model = engine.target.target.model
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids + out.token_ids])).logits[0]
+    ref = torch.log_softmax(logits[len(ids) - 1: -1].double(), dim=-1)  # row i predicts token i
+    for i, token in enumerate(out.token_ids):
+        assert lp.logprobs[i] == pytest.approx(float(ref[i, token]), abs=1e-9)
+        assert lp.top_ids[i][0] == token  # greedy: the chosen token is the most likely
+        assert lp.top_logprobs[i] == pytest.approx(ref[i].topk(3).values.tolist(), abs=1e-9)
+    assert engine.generate(ids, GenerationParams(max_new_tokens=4)).logprobs is None
+
+
+def test_top_k_one_sampling_is_greedy(engine):
+    ids = ids_of(engine)
+    greedy = engine.generate(ids, GenerationParams(max_new_tokens=20)).token_ids
+    sampled = engine.generate(ids, GenerationParams(max_new_tokens=20, temperature=1.5, top_k=1,
+                                                    spec=SpecSettings())).token_ids
+    assert sampled == greedy

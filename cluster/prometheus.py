@@ -1,0 +1,91 @@
+"""``GET /metrics`` on the API port: Prometheus text exposition of this replica's counters.
+
+What this is: ``ApiMetrics``, a registry of its own (``prometheus_client``) that the server
+feeds with finished requests and the orchestrator with verified rounds, and that renders the
+text format. Names follow vLLM's where they mean the same, with the ``specdec:`` prefix
+(``vllm:spec_decode_num_drafts`` -> ``specdec:spec_decode_num_drafts_total``). What it is not:
+not the Ray metrics (``cluster.metrics``, exported by every Ray node's own agent), and not
+summed across replicas (scrape each replica, or use the Ray metrics for cluster totals).
+
+Terms: a *draft* is a round that sent at least one draft token to the target; *accepted per
+position* counts, for each draft position i, the rounds that accepted position i.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ApiMetrics:
+    def __init__(self, model_id: str):
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels, self.model = ["model_name"], model_id
+
+        def counter(name, doc, extra=()):
+            return Counter(f"specdec:{name}", doc, [*labels, *extra], registry=self.registry)
+
+        def histogram(name, doc):
+            return Histogram(f"specdec:{name}", doc, labels, buckets=LATENCY_BUCKETS,
+                             registry=self.registry)
+
+        self.success = counter("request_success", "finished requests", ["finished_reason"])
+        self.prompt_tokens = counter("prompt_tokens", "prompt tokens prefilled")
+        self.generation_tokens = counter("generation_tokens", "tokens generated (committed)")
+        self.e2e = histogram("e2e_request_latency_seconds", "request latency, arrival to end")
+        self.ttft = histogram("time_to_first_token_seconds", "arrival to the first token")
+        self.running = Gauge("specdec:num_requests_running", "requests in flight", labels,
+                             registry=self.registry)
+        self.drafts = counter("spec_decode_num_drafts", "rounds that drafted tokens")
+        self.draft_tokens = counter("spec_decode_num_draft_tokens", "draft tokens verified")
+        self.accepted = counter("spec_decode_num_accepted_tokens", "draft tokens accepted")
+        self.accepted_at = counter("spec_decode_num_accepted_tokens_per_pos",
+                                   "rounds that accepted draft position i", ["position"])
+
+    # ---- the orchestrator's observer hooks --------------------------------------------------
+    def round(self, draft, result, seconds: float) -> None:
+        """One verified round: draft is a workers.Draft, result a workers.RoundResult."""
+        if not draft.tokens:
+            return
+        self.drafts.labels(self.model).inc()
+        self.draft_tokens.labels(self.model).inc(len(draft.tokens))
+        self.accepted.labels(self.model).inc(result.accepted)
+        for i in range(result.accepted):
+            self.accepted_at.labels(self.model, str(i)).inc()
+
+    def finished(self, progress) -> None:
+        """One choice's round loop ended (its tokens are counted per request, below)."""
+
+    # ---- the server's hooks -----------------------------------------------------------------
+    def first_token(self, seconds: float) -> None:
+        self.ttft.labels(self.model).observe(seconds)
+
+    def request(self, prompt_tokens: int, generated: int, finish_reason: str | None,
+                seconds: float) -> None:
+        """One HTTP request done; finish_reason None: it failed or the client left."""
+        self.success.labels(self.model, finish_reason or "abort").inc()
+        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        self.generation_tokens.labels(self.model).inc(generated)
+        self.e2e.labels(self.model).observe(seconds)
+
+    def exposition(self, running: int) -> bytes:
+        self.running.labels(self.model).set(running)
+        return generate_latest(self.registry)
+
+
+class Fanout:
+    """Several orchestrator observers as one."""
+
+    def __init__(self, *observers):
+        self.observers = [o for o in observers if o is not None]
+
+    def round(self, draft, result, seconds: float) -> None:
+        for o in self.observers:
+            o.round(draft, result, seconds)
+
+    def finished(self, progress) -> None:
+        for o in self.observers:
+            o.finished(progress)
