@@ -5,7 +5,8 @@
 
 Stages, each a subprocess ``python -m pipelines.JOB --config CONFIGS/JOB.yaml`` with
 ``RAY_AUTH_MODE=disabled``, timed: corpus -> responses (the target's own greedy answers to the
-training prompts, the drafter's text) -> train_drafter -> simulate -> train_preverifier ->
+training prompts, the drafter's text) -> suffix_index (those responses as the suffix drafter's
+offline index) -> train_drafter -> simulate -> train_preverifier ->
 evaluate (its PACER and ASD sweep on the dev split gives ``pacer_defaults.json``); then
 ``pipelines.export_default`` writes the bfloat16 pair to ``--out`` with a provenance that holds,
 per stage, the command, the config, the wall time, the MLflow run and its final metrics.
@@ -42,8 +43,9 @@ from pipelines.config import load_config
 from pipelines.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
-STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate")
-TRAINED = ("train_drafter", "train_preverifier")  # the stages that register a model version
+STAGES = ("corpus", "responses", "suffix_index", "train_drafter", "simulate", "train_preverifier",
+          "evaluate")
+TRAINED = ("suffix_index", "train_drafter", "train_preverifier")  # the stages that register a model version
 
 
 def state_path() -> Path:
@@ -210,7 +212,22 @@ def export(state: dict, configs: Path, out: Path) -> Path:
             *(["--pacer-defaults", pacer] if pacer else []),
             "--provenance-extra", str(work / "provenance-extra.json"), "--out", str(out)]
     export_default.main(args)
+    export_suffix_index(state, out)
     return out
+
+
+def export_suffix_index(state: dict, out: Path) -> None:
+    """The registered index version -> ``out/suffix-index`` (``cluster.default_pair`` registers
+    and serves it from there)."""
+    import shutil
+
+    from specdec.models.registry import resolve_model_ref
+
+    version = state["stages"]["suffix_index"].get("model_version")
+    if version is None:
+        return
+    shutil.rmtree(out / "suffix-index", ignore_errors=True)
+    shutil.copytree(resolve_model_ref(version), out / "suffix-index")
 
 
 def main(argv: list[str] | None = None) -> None:
