@@ -26,6 +26,7 @@ from cluster.server import Server
 from cluster.tiny import materialise
 from specdec.models.registry import is_registry_ref
 from specdec.models.sources import NAMED_SOURCES
+from specdec.models.suffix_index import read_config
 
 BUILT_IN = {"none", "ngram", "suffix", "hybrid", "self", "untrained"}  # drafter / pre-verifier kinds with no files
 
@@ -81,6 +82,8 @@ def resolve_references(args: ServeArgs) -> ServeArgs:
     for ref in (resolved.target, resolved.drafter, resolved.preverifier, resolved.block_drafter,
                 resolved.suffix.index):
         check_source(ref, resolved.model_roots)
+    if resolved.suffix.index and not is_registry_ref(resolved.suffix.index):
+        read_config(Path(resolved.suffix.index))  # a malformed index fails here, at build time
     return resolved
 
 

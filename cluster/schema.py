@@ -51,6 +51,7 @@ class Suffix(Strict):
     index: str | None = None  # a suffix-index directory or models:/NAME@ALIAS; None: none
     max_depth: PositiveInt = 64
     max_cached_requests: int = Field(100_000, ge=-1)  # responses kept, oldest out first (-1: all)
+    online: bool = True  # served outputs join the global tree
 
 
 class Limits(Strict):

@@ -29,7 +29,7 @@ from specdec.engine.settings import SpecSettings
 from specdec.models.block_drafter import BlockDrafter
 from specdec.models.drafter import DraftBlock
 from specdec.models.preverifier import PreVerifier
-from specdec.models.suffix import SuffixDrafter, SuffixState
+from specdec.models.suffix import DEFAULTS, SuffixDrafter, SuffixState
 
 
 def pacer_estimate(probs: torch.Tensor) -> float:
@@ -68,7 +68,7 @@ class HybridDrafter:
                                preverifier.c.max_positions)
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None,
-              settings: SpecSettings = SpecSettings()) -> HybridState:
+              settings: SpecSettings = DEFAULTS) -> HybridState:
         scores: list = [None]
 
         def scorer(hidden: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,9 @@ Two kinds of suffix tree hold counts of every token sequence seen (up to ``max_d
 - a *local* tree per request, over its prompt and its output so far;
 - one *global* tree over previous responses (never prompts): the offline index
   (``specdec.models.suffix_index``) at start-up, then every served request's output as it is
-  committed. It is bounded by ``max_cached_requests`` responses, oldest out first (the index's
-  sequences count too, and go first).
+  committed (from its first round on, as in vLLM; ``online=False`` drops it again when the
+  request ends). It is bounded by ``max_cached_requests`` responses, oldest out first (the
+  index's sequences count too, and go first).
 
 Each round, for every match length m of the context's suffix found in a tree, it walks the most
 frequent child from the matched node; a token's probability is the product of child/parent
@@ -38,6 +39,8 @@ from specdec.models.suffix_index import SuffixIndex
 
 FEATURES = 4
 
+DEFAULTS = SpecSettings()  # settings of a request that brings none
+
 
 @dataclass(frozen=True)
 class SuffixConfig:
@@ -46,6 +49,7 @@ class SuffixConfig:
     index: str | None = None  # a suffix-index directory or models:/NAME@ALIAS; None: no index
     max_depth: int = 64  # longest sequence a tree counts; also the longest context matched
     max_cached_requests: int = 100_000  # responses the global tree keeps (-1: no bound)
+    online: bool = True  # served outputs join the global tree (False: the index only, "cold")
 
     def __post_init__(self):
         if self.max_depth < 1:
@@ -114,7 +118,7 @@ class SuffixDrafter:
 
     # ---- the Drafter protocol ---------------------------------------------------------------
     def start(self, prompt_ids: list[int], features=None,
-              settings: SpecSettings = SpecSettings()) -> SuffixState:
+              settings: SpecSettings = DEFAULTS) -> SuffixState:
         key = ("request", next(self._ids))
         self.cache.start_request(key, list(prompt_ids))
         return SuffixState(key, list(prompt_ids), settings)
@@ -152,6 +156,9 @@ class SuffixDrafter:
         state.draft, state.handed, state.source = None, 0, None
 
     def finish(self, state: SuffixState) -> None:
-        """The request is over: its local tree goes; its response stays in the global tree."""
+        """The request is over: its local tree goes; its response stays in the global tree
+        (unless the drafter is not ``online``: then it leaves too)."""
         if state.key in self.cache.active_requests:
             self.cache.stop_request(state.key)
+        if not self.config.online and state.key in self.cache.cached_requests:
+            self.cache.evict_cached_response(state.key)

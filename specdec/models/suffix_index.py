@@ -75,7 +75,7 @@ class SuffixIndex:
                              f"sequences of {tokens.numel()} tokens, but {CONFIG_FILE} says "
                              f"{config['sequences']}")
         flat, cuts = tokens.tolist(), offsets.tolist()
-        sequences = tuple(tuple(flat[a:b]) for a, b in zip(cuts, cuts[1:]))
+        sequences = tuple(tuple(flat[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True))
         meta = {k: v for k, v in config.items()
                 if k not in ("format", "target", "vocab_size", "sequences", "tokens")}
         return SuffixIndex(sequences, config["target"], config["vocab_size"], meta)
