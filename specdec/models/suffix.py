@@ -105,12 +105,19 @@ class SuffixDrafter:
         index = SuffixIndex.load(config.index) if config.index else None
         return cls(vocab_size, config, index)
 
-    def remember(self, response) -> None:
-        """Add one finished response to the global tree (evicting the oldest past the bound)."""
+    def remember(self, response) -> tuple[str, int]:
+        """Add one finished response to the global tree (evicting the oldest past the bound);
+        returns its key for ``forget``."""
         key = ("index", next(self._ids))
         self.cache.start_request(key, [])
         self.cache.add_active_response(key, list(response))
         self.cache.stop_request(key)
+        return key
+
+    def forget(self, key: tuple[str, int]) -> None:
+        """Take a remembered response out of the global tree (if it is still there)."""
+        if key in self.cache.cached_requests:
+            self.cache.evict_cached_response(key)
 
     @property
     def cached_responses(self) -> int:
