@@ -52,7 +52,7 @@ def read_responses(cfg: SuffixIndexConfig) -> list[list[int]]:
     read_table(cfg.responses, SCHEMA, "suffix_index.responses")  # fail fast on a bad file
     ensure_ray()
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    ds = ray.data.read_parquet(cfg.responses, columns=["id", "input_ids", "prompt_len"])
+    ds = ray.data.read_parquet(cfg.responses).select_columns(["id", "input_ids", "prompt_len"])
     rows = ds.map_batches(responses_of, batch_format="numpy").take_all()
     seqs = [[int(t) for t in r["response"]] for r in rows]
     seqs = [s for s in seqs if len(s) >= cfg.min_tokens]

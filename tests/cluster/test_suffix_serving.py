@@ -22,7 +22,7 @@ def greedy(engine):
 
 
 @pytest.fixture(scope="module")
-def index_store(served, greedy, tmp_path_factory):
+def index_store(served, engine, greedy, tmp_path_factory):
     """An index holding the prompt's own greedy output, registered as tiny-suffix-index@champion."""
     import mlflow
 
@@ -30,7 +30,8 @@ def index_store(served, greedy, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.create_experiment("suffix", artifact_location=str(root / "artifacts"))
-    index = SuffixIndex((tuple(greedy),), "tiny", 300).save(root / "index")
+    vocab_size = engine.target.target.vocab_size
+    index = SuffixIndex((tuple(greedy),), "tiny", vocab_size).save(root / "index")
     register_directory(mlflow.MlflowClient(), experiment, index, "tiny-suffix-index")
     return uri
 

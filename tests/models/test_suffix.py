@@ -24,14 +24,14 @@ def draft(drafter, state, n=16) -> list[int]:
 
 
 def test_recorded_draft_from_the_local_tree():
-    # prompt 1 2 3 4 1 2 3: after "... 2 3" the only continuation seen is 4 (count 1 of the two
-    # occurrences of "2 3", one of which ends the sequence): 3 -> 4 with p = 1.0 then 0.5
+    # prompt 1 2 3 4 1 2: "1 2" occurs twice, once followed by 3 and once at the end, so the
+    # walk from it goes 3 (1/2), then 4, 1, 2 (each 1/1): path probabilities 0.5 throughout
     drafter = SuffixDrafter(10, SuffixConfig(max_depth=8))
     state = drafter.start([1, 2, 3, 4, 1, 2], None, LOOSE)
     block = drafter.propose(state, 8, GREEDY)
-    assert block.tokens.tolist() == [3, 4]
-    assert block.hidden[:, 0].tolist() == [1.0, 0.5]  # path probabilities
-    assert drafter.speculate(state).score == 1.5
+    assert block.tokens.tolist() == [3, 4, 1, 2]
+    assert block.hidden[:, 0].tolist() == [0.5] * 4  # path probabilities
+    assert drafter.speculate(state).score == 2.0 and state.draft.match_len == 2
 
 
 def test_propose_hands_out_one_speculation_piece_by_piece():
@@ -57,11 +57,17 @@ def test_budget_is_min_of_max_draft_and_factor_times_match():
 
 def test_min_token_prob_stops_the_walk():
     drafter = SuffixDrafter(10)
-    # after "1 2": 3 twice, then 3 -> 4 once and 3 -> 5 once: p(3) = 1, p(4 or 5) = 0.5
+    # match "1 2" (3 times: then 3, 3, the end): 3 at 2/3, then 4 at 2/3 * 1/2 = 1/3, ...;
+    # match "0 1 2" (twice: then 3, the end): 3 at 1/2, then 5 0 1 2 at 1/2 each
     prompt = [1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2]
-    low = drafter.start(prompt, None, SpecSettings(suffix_min_prob=0.4, suffix_factor=4.0))
-    high = drafter.start(prompt, None, SpecSettings(suffix_min_prob=0.6, suffix_factor=4.0))
-    assert len(draft(drafter, low)) == 2 and draft(drafter, high) == [3]
+
+    def with_min(p: float) -> list[int]:
+        return draft(drafter, drafter.start(prompt, None, SpecSettings(suffix_min_prob=p,
+                                                                       suffix_factor=4.0)))
+
+    assert with_min(0.3) == [3, 4, 0, 1, 2, 3, 5, 0]  # budget 4 * 2; score 2.67 beats 2.5
+    assert with_min(0.5) == [3, 5, 0, 1, 2]  # "1 2" stops after 3 (score 0.67): "0 1 2" wins
+    assert with_min(0.7) == []
 
 
 def test_finished_outputs_enter_the_global_tree():
@@ -85,17 +91,17 @@ def test_cold_drafter_forgets_served_outputs():
 def test_global_tree_evicts_oldest_first_index_included():
     index = SuffixIndex(((10, 11, 12, 13),), "t", 30)
     drafter = SuffixDrafter(30, SuffixConfig(max_cached_requests=2), index)
-    probe = [7, 10, 11]
-    assert draft(drafter, drafter.start(probe, None, LOOSE)) == [12, 13]  # from the index
-    # the probe itself took a slot; one more request pushes the index sequence out
-    a = drafter.start([1], None, LOOSE)
+    probe = drafter.start([7, 10, 11], None, LOOSE)  # takes the second slot
+    assert draft(drafter, probe) == [12, 13]  # from the index
+    drafter.finish(probe)
+    a = drafter.start([1], None, LOOSE)  # a third response: the index's sequence goes first
     drafter.commit(a, [20, 21, 22, 23])
     drafter.finish(a)
     assert drafter.cached_responses == 2
-    fresh = drafter.start([8, 10, 11], None, LOOSE)
+    fresh = drafter.start([8, 10, 11], None, LOOSE)  # pushes out the probe's (empty) response
     assert draft(drafter, fresh) == []  # the index's sequence was evicted
-    b = drafter.start([9, 20, 21], None, LOOSE)
-    assert draft(drafter, b) == [22, 23]
+    drafter.commit(fresh, [20, 21])
+    assert draft(drafter, fresh) == [22, 23]  # a's response is still there
 
 
 def test_index_round_trip_and_seeding(tmp_path):
