@@ -72,8 +72,8 @@ pipelines-tiny: setup
 			--config configs/train/tiny/$$job.yaml || exit 1; \
 	done
 
-# The default pair (issue #5): corpus -> responses -> suffix_index -> train_drafter -> simulate ->
-# train_preverifier -> evaluate (PACER and ASD sweep on dev) -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
+# The default pair (issue #5): corpus -> responses -> train_drafter -> simulate ->
+# train_preverifier -> evaluate (PACER and ASD sweep on dev) -> suffix_index -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
 # stage timed. Hours on 2 cores. `make train-default FROM=simulate` reuses the recorded earlier
 # stages and continues there; FROM=export only re-exports; RECORD="train_drafter=RUN_ID ..."
 # records stages run by hand from their MLflow runs (pipelines/train_default.py).

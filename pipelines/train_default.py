@@ -5,10 +5,11 @@
 
 Stages, each a subprocess ``python -m pipelines.JOB --config CONFIGS/JOB.yaml`` with
 ``RAY_AUTH_MODE=disabled``, timed: corpus -> responses (the target's own greedy answers to the
-training prompts, the drafter's text) -> suffix_index (those responses as the suffix drafter's
-offline index) -> train_drafter -> simulate -> train_preverifier ->
+training prompts, the drafter's text) -> train_drafter -> simulate -> train_preverifier ->
 evaluate (its PACER and ASD sweep on the dev split gives ``pacer_defaults.json``); then
-``pipelines.export_default`` writes the bfloat16 pair to ``--out`` with a provenance that holds,
+suffix_index (the responses as the suffix drafter's offline index; last, so that a state
+recorded before it existed can still resume) -> ``pipelines.export_default`` writes the
+bfloat16 pair to ``--out`` with a provenance that holds,
 per stage, the command, the config, the wall time, the MLflow run and its final metrics.
 
 The training stages register new model versions and move ``champion`` to them (simulate and
@@ -43,8 +44,8 @@ from pipelines.config import load_config
 from pipelines.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
-STAGES = ("corpus", "responses", "suffix_index", "train_drafter", "simulate", "train_preverifier",
-          "evaluate")
+STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate",
+          "suffix_index")
 TRAINED = ("suffix_index", "train_drafter", "train_preverifier")  # the stages that register a model version
 
 
@@ -188,7 +189,7 @@ def provenance_extra(state: dict) -> dict:
     import torch
 
     walls = {s: round(state["stages"][s]["wall_s"] + state["stages"][s]["failed_attempts_s"], 1)
-             for s in STAGES}
+             for s in STAGES if s in state["stages"]}
     return {"recipe": "make train-default (python -m pipelines.train_default)",
             "data": {f"{stage}_{key}": state["stages"][stage][key]
                      for stage in ("corpus", "responses") for key in ("config", "metrics")},
@@ -223,7 +224,7 @@ def export_suffix_index(state: dict, out: Path) -> None:
 
     from specdec.models.registry import resolve_model_ref
 
-    version = state["stages"]["suffix_index"].get("model_version")
+    version = state["stages"].get("suffix_index", {}).get("model_version")
     if version is None:
         return
     shutil.rmtree(out / "suffix-index", ignore_errors=True)

@@ -6,7 +6,8 @@ Two kinds of suffix tree hold counts of every token sequence seen (up to ``max_d
 - one *global* tree over previous responses (never prompts): the offline index
   (``specdec.models.suffix_index``) at start-up, then every served request's output as it is
   committed (from its first round on, as in vLLM; ``online=False`` drops it again when the
-  request ends). It is bounded by ``max_cached_requests`` responses, oldest out first (the
+  request ends; the final round's tokens are missing, since the engine does not commit a
+  finished request to its drafter). It is bounded by ``max_cached_requests`` responses, oldest out first (the
   index's sequences count too, and go first).
 
 Each round, for every match length m of the context's suffix found in a tree, it walks the most
@@ -94,9 +95,10 @@ class SuffixDrafter:
         self.cache = SuffixDecodingCache(config.max_depth, config.max_cached_requests)
         self._ids = itertools.count()
         if index is not None:
-            if index.vocab_size != vocab_size:
+            # the index records its tokenizer's size, which may be below the model's vocabulary
+            if index.vocab_size > vocab_size:
                 raise ValueError(f"suffix index for vocabulary {index.vocab_size} ({index.target}) "
-                                 f"does not match the target's {vocab_size}")
+                                 f"does not fit the target's {vocab_size}")
             for seq in index.sequences:
                 self.remember(seq)
 
