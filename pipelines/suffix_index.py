@@ -10,8 +10,8 @@ from the index once and logs its memory (resident-set growth) per million indexe
 
     python -m pipelines.suffix_index --config configs/train/suffix_index.yaml
 
-It trains nothing and needs no model: only the responses' token ids and the target's
-vocabulary size (from the Parquet's metadata).
+It trains nothing and loads no weights: only the responses' token ids and the target's
+vocabulary size (from its config).
 """
 
 from __future__ import annotations
@@ -60,11 +60,17 @@ def read_responses(cfg: SuffixIndexConfig) -> list[list[int]]:
 
 
 def vocab_size_of(cfg: SuffixIndexConfig) -> int:
+    """The target model's vocabulary (its config: a model may emit ids past its tokenizer's
+    size, as the tiny random ones do); the responses must have been written for it."""
+    from transformers import AutoConfig
+
+    from specdec.models.sources import resolve
+
     meta = metadata(cfg.responses)
     if "specdec.vocab_size" not in meta:
         raise ValueError(f"suffix_index.responses: {cfg.responses} has no specdec.vocab_size "
                          "metadata (was it written by pipelines.responses?)")
-    return int(meta["specdec.vocab_size"])
+    return AutoConfig.from_pretrained(resolve(cfg.target)).vocab_size
 
 
 def resident_bytes() -> int:

@@ -95,10 +95,9 @@ class SuffixDrafter:
         self.cache = SuffixDecodingCache(config.max_depth, config.max_cached_requests)
         self._ids = itertools.count()
         if index is not None:
-            # the index records its tokenizer's size, which may be below the model's vocabulary
-            if index.vocab_size > vocab_size:
+            if index.vocab_size != vocab_size:
                 raise ValueError(f"suffix index for vocabulary {index.vocab_size} ({index.target}) "
-                                 f"does not fit the target's {vocab_size}")
+                                 f"does not match the target's {vocab_size}")
             for seq in index.sequences:
                 self.remember(seq)
 

@@ -115,7 +115,7 @@ def test_index_round_trip_and_seeding(tmp_path):
 
 def test_index_for_another_vocabulary_is_refused(tmp_path):
     SuffixIndex(((1, 2),), "other", 100).save(tmp_path / "idx")
-    with pytest.raises(ValueError, match="vocabulary 100 .* does not fit the target's 50"):
+    with pytest.raises(ValueError, match="vocabulary 100 .* does not match the target's 50"):
         SuffixDrafter.load(50, SuffixConfig(index=str(tmp_path / "idx")))
 
 
