@@ -14,6 +14,12 @@ RUN mkdir -p specdec actors cluster pipelines \
     && pip install --no-cache-dir . \
     && pip uninstall -y specdec
 
+# The suffix drafter's C++ suffix trees (an sdist; the Makefile's arctic-inference target).
+RUN pip install --no-cache-dir cmake ninja nanobind==2.9.2 grpcio-tools \
+        "protobuf==$(python -c 'import google.protobuf as p; print(p.__version__)')" \
+    && CMAKE_ARGS=-DPython_EXECUTABLE=$(which python) pip install --no-cache-dir \
+        --no-build-isolation --no-deps arctic-inference==0.3.0
+
 COPY --chown=ray:users specdec ./specdec
 COPY --chown=ray:users actors ./actors
 COPY --chown=ray:users cluster ./cluster

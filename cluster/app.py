@@ -26,8 +26,9 @@ from cluster.server import Server
 from cluster.tiny import materialise
 from specdec.models.registry import is_registry_ref
 from specdec.models.sources import NAMED_SOURCES
+from specdec.models.suffix_index import read_config
 
-BUILT_IN = {"none", "ngram", "self", "untrained"}  # drafter / pre-verifier kinds with no files
+BUILT_IN = {"none", "ngram", "suffix", "hybrid", "self", "untrained"}  # drafter / pre-verifier kinds with no files
 
 
 def runtime_env(args: ServeArgs) -> dict:
@@ -59,13 +60,13 @@ def spawn_actors(args: ServeArgs):
     """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
     ttl = args.limits.idle_ttl_s
     target = actor_class(TargetActor).options(**actor_options(args.target_resources, args)).remote(
-        args.target, args.drafter, args.dtype, args.target_resources.threads, ttl,
-        device_of(args.target_resources))
+        args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
+        args.target_resources.threads, ttl, device_of(args.target_resources))
     if args.drafter == "none":
         return target, None
     drafter = actor_class(DrafterActor).options(**actor_options(args.drafter_resources, args)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
-        ttl, device_of(args.drafter_resources))
+        ttl, device_of(args.drafter_resources), args.suffix.model_dump(), args.block_drafter)
     return target, drafter
 
 
@@ -75,10 +76,14 @@ def resolve_references(args: ServeArgs) -> ServeArgs:
     resolved = args.model_copy(update={
         "target": materialise(args.target), "drafter": materialise(args.drafter),
         "preverifier": materialise(args.preverifier),
+        "block_drafter": materialise(args.block_drafter),
         "model_id": args.served_model_id,
     })
-    for ref in (resolved.target, resolved.drafter, resolved.preverifier):
+    for ref in (resolved.target, resolved.drafter, resolved.preverifier, resolved.block_drafter,
+                resolved.suffix.index):
         check_source(ref, resolved.model_roots)
+    if resolved.suffix.index and not is_registry_ref(resolved.suffix.index):
+        read_config(Path(resolved.suffix.index))  # a malformed index fails here, at build time
     return resolved
 
 

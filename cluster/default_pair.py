@@ -8,10 +8,15 @@ SHA-256 of its directory's content as the tag ``specdec.content_sha256``; when t
 tag equals the files' hash nothing happens, otherwise one MLflow run logs the changed
 directories, new versions are created from them and ``champion`` moves there.
 
-``serve_args(args, artifacts)`` is what ``make serve`` does with ``configs/serve/local.yaml``:
-when the config names a ``default_pair`` directory that holds a drafter, the app serves the
-pair from the registry with PACER (the sweep's ``pacer_defaults.json`` when present); without
-one it serves the config as written.
+``artifacts/suffix-index`` (the suffix drafter's offline index, ``pipelines.suffix_index``) is
+registered the same way as ``<target>-suffix-index@champion`` when it is there.
+
+``serve_args(args, artifacts, drafter)`` is what ``make serve`` does with
+``configs/serve/local.yaml``: when the config names a ``default_pair`` directory that holds a
+drafter, the app serves it from the registry as ``default_drafter`` says: ``block`` (the block
+drafter with PACER: the sweep's ``pacer_defaults.json`` when present), ``suffix`` (the suffix
+drafter with the registered index) or ``hybrid`` (suffix or the block drafter's PACER draft, per
+round); without the pair it serves the config as written.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from specdec.models.sources import content_hash
 HASH_TAG = "specdec.content_sha256"
 ALIAS = "champion"
 KINDS = {"drafter": "block-drafter", "preverifier": "preverifier"}  # subdirectory -> model suffix
+OPTIONAL = {"suffix-index": "suffix-index"}  # registered when the artifacts hold it
 # PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's)
 PACER_FALLBACK = {"policy": "pacer", "block_size": 4, "threshold": 0.5, "growth": 1.1,
                   "max_draft": 16}
@@ -59,13 +65,15 @@ def register_new(stale: dict[str, tuple[str, str]], artifacts: Path, tracking_ur
 
 def ensure_registered(artifacts_dir: str | Path, tracking_uri: str) -> dict[str, str]:
     """Register the pair under ``artifacts_dir`` unless the champions already hold it.
-    Returns ``{"drafter": "models:/...@champion", "preverifier": "models:/...@champion"}``."""
+    Returns ``{"drafter": "models:/...@champion", "preverifier": "models:/...@champion"}``
+    (and ``"suffix-index"`` when the artifacts hold one)."""
     import mlflow
 
     artifacts = Path(artifacts_dir).resolve()
     if tracking_uri.startswith("sqlite:///"):  # a fresh clone has no $SPECDEC_HOME yet
         Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    names = {kind: f"{artifacts.name}-{suffix}" for kind, suffix in KINDS.items()}
+    kinds = KINDS | {k: v for k, v in OPTIONAL.items() if (artifacts / k).is_dir()}
+    names = {kind: f"{artifacts.name}-{suffix}" for kind, suffix in kinds.items()}
     client = mlflow.MlflowClient(tracking_uri)
     stale = {}
     for kind, name in names.items():
@@ -87,9 +95,13 @@ def local_tracking_uri() -> str:
     return tracking_uri(MlflowSettings())
 
 
-def serve_args(args: dict, artifacts_dir: str | Path | None) -> dict:
+def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "block") -> dict:
     """The app's args with the default pair in place of the config's drafter, when
-    ``artifacts_dir`` holds one; else ``args`` unchanged. Prints one line saying which."""
+    ``artifacts_dir`` holds one; else ``args`` unchanged. ``drafter``: block | suffix | hybrid
+    (the suffix kinds need ``suffix-index/``; without it the block drafter is served). Prints
+    one line saying which."""
+    if drafter not in ("block", "suffix", "hybrid"):
+        raise ValueError(f"default_drafter {drafter!r}: choose block, suffix or hybrid")
     if artifacts_dir is None:
         return args
     artifacts = Path(artifacts_dir)
@@ -102,6 +114,24 @@ def serve_args(args: dict, artifacts_dir: str | Path | None) -> dict:
     pacer_file = artifacts / "pacer_defaults.json"
     pacer = json.loads(pacer_file.read_text()) if pacer_file.is_file() else PACER_FALLBACK
     spec = {**args.get("speculative", {}), **pacer}
+    if drafter != "block" and "suffix-index" in refs:
+        return suffix_args(args, refs, spec, drafter, uri)
+    refs.pop("suffix-index", None)
     print(f"serving the trained default pair of {artifacts}/: {refs['drafter']} + "
           f"{refs['preverifier']} from {uri}, {json.dumps(pacer)}", flush=True)
     return {**args, **refs, "speculative": spec, "mlflow_tracking_uri": uri}
+
+
+def suffix_args(args: dict, refs: dict, spec: dict, drafter: str, uri: str) -> dict:
+    """Serve the suffix drafter (or the hybrid) with the registered index. Both draft up to
+    max_draft a round under the fixed window (the hybrid runs PACER on its block draft itself)."""
+    spec = {**spec, "policy": "fixed", "gamma": spec.get("max_draft", 16)}
+    suffix = {**args.get("suffix", {}), "index": refs["suffix-index"]}
+    out = {**args, "drafter": drafter, "suffix": suffix, "speculative": spec,
+           "mlflow_tracking_uri": uri}
+    if drafter == "hybrid":
+        out |= {"block_drafter": refs["drafter"], "preverifier": refs["preverifier"]}
+    print(f"serving the {drafter} drafter with {refs['suffix-index']}"
+          + (f" + {refs['drafter']} + {refs['preverifier']}" if drafter == "hybrid" else "")
+          + f" from {uri}, {json.dumps(spec)}", flush=True)
+    return out

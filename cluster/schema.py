@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 
 class Strict(BaseModel):
@@ -39,6 +39,19 @@ class Speculative(Strict):
     asd_gate: float = Field(0.25, ge=0)
     asd_max_exceptions: int = Field(2, ge=0)
     asd_normalized: bool = False
+    suffix_factor: float = Field(2.0, ge=0)  # suffix budget min(max_draft, factor * match + offset)
+    suffix_offset: float = 0.0
+    suffix_min_prob: float = Field(0.05, ge=0, le=1)
+    hybrid_skip: float = Field(4.0, ge=0)  # a suffix score this high skips the block drafter
+
+
+class Suffix(Strict):
+    """The suffix drafter's global tree (drafter suffix or hybrid); see specdec.models.suffix."""
+
+    index: str | None = None  # a suffix-index directory or models:/NAME@ALIAS; None: none
+    max_depth: PositiveInt = 64
+    max_cached_requests: int = Field(100_000, ge=-1)  # responses kept, oldest out first (-1: all)
+    online: bool = True  # served outputs join the global tree
 
 
 class Limits(Strict):
@@ -54,8 +67,10 @@ class Limits(Strict):
 
 class ServeArgs(Strict):
     target: str  # model reference: a named source, a directory, a hub id, or tiny:DIR/target
-    drafter: str = "ngram"  # none | ngram | self | a block-drafter dir | an AR draft LM
+    drafter: str = "ngram"  # none | ngram | suffix | hybrid | self | a block-drafter dir | an AR LM
     preverifier: str | None = None
+    block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
+    suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     speculative: Speculative = Speculative()
@@ -71,6 +86,14 @@ class ServeArgs(Strict):
     # Bearer key every route but /health requires; None: $SPECDEC_API_KEY, unset: no key.
     api_key: str | None = Field(None, repr=False)
     metrics_public: bool = False  # True: GET /metrics answers without the key (for scrapers)
+
+    @model_validator(mode="after")
+    def _hybrid_parts(self):
+        if self.drafter == "hybrid" and not (self.block_drafter and self.preverifier):
+            raise ValueError("drafter hybrid needs block_drafter and preverifier")
+        if self.block_drafter and self.drafter != "hybrid":
+            raise ValueError("block_drafter is only read with drafter hybrid")
+        return self
 
     @property
     def served_model_id(self) -> str:

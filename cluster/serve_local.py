@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     path = argv[0] if argv else DEFAULT
     doc = yaml.safe_load(open(path))
     app_cfg = doc["applications"][0]
-    args = serve_args(app_cfg["args"], doc.get("default_pair"))
+    args = serve_args(app_cfg["args"], doc.get("default_pair"), doc.get("default_drafter", "block"))
     ray.init(include_dashboard=False)
     serve.start(http_options=HTTP_OPTIONS)
     serve.run(build_app(args), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])

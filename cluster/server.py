@@ -343,6 +343,9 @@ class Server:
                                 param="temperature", code="invalid_value")
         merged_spec = {**self.args.speculative.model_dump(), **(req.speculative or {})}
         spec = wire.parse(Speculative, merged_spec, prefix="speculative.")
+        if spec.policy != "fixed" and self.args.drafter == "hybrid":
+            raise wire.ApiError(400, "the hybrid drafter runs PACER itself; use policy fixed",
+                                param="speculative.policy", code="invalid_value")
         if spec.policy == "pacer" and self.args.preverifier is None:
             raise wire.ApiError(400, "policy pacer needs a pre-verifier; this server has none",
                                 param="speculative.policy", code="invalid_value")

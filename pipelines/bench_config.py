@@ -58,6 +58,8 @@ class BenchmarkConfig(Strict):
     preverifier: str = "artifacts/smollm2-135m/preverifier"  # a checkpoint, or "untrained"
     drafter_dflash: str | None = None  # the DFlash-loss drafter (D-PACE claim)
     preverifier_no_position: str | None = None  # trained without position embedding (ablation)
+    # the suffix drafter's offline index (a directory or models:/NAME@ALIAS); None: local tree only
+    suffix_index: str | None = None
     prompts: str = Field(default_factory=lambda: str(default_output("corpus") / "benchmark.parquet"))
     workloads: Workloads = Workloads()
     seed: int = 0  # the ShareGPT choice
@@ -184,6 +186,21 @@ def optional_ref(key: str, ref: str | None, tracking_uri: str | None) -> tuple[s
     return path, ""
 
 
+def suffix_index_ref(ref: str | None, tracking_uri: str | None) -> str | None:
+    """The index as a local directory, read once here so a bad one fails before any model."""
+    from specdec.models.registry import resolve_model_ref
+    from specdec.models.suffix_index import SuffixIndex
+
+    if not ref:
+        return None
+    path = resolve_model_ref(ref, tracking_uri)
+    try:
+        SuffixIndex.load(path)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"benchmark.suffix_index: {err}") from None
+    return path
+
+
 def check_target(ref: str) -> None:
     from specdec.models.sources import NAMED_SOURCES
 
@@ -229,6 +246,7 @@ def check(cfg: BenchmarkConfig) -> Plan:
     why = {}
     for key in ("drafter_dflash", "preverifier_no_position"):
         refs[key], why[key] = optional_ref(key, getattr(cfg, key), uri)
+    refs["suffix_index"] = suffix_index_ref(cfg.suffix_index, uri)
     prompts = load_prompts(cfg)
     check_tokenizer(cfg.prompts, cfg.target, "benchmark.prompts")
     block = BlockDrafter.read_config(refs["drafter"])[0].block_size

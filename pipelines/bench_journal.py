@@ -53,6 +53,7 @@ def from_line(line: str) -> Record:
     if d["stats"] is not None:
         s = d["stats"]
         s["draft_lengths"] = Counter({int(k): v for k, v in s["draft_lengths"].items()})
+        s["draft_sources"] = Counter(s.get("draft_sources", {}))
         d["stats"] = RequestStats(**s)
     return Record(**d)
 

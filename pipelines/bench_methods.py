@@ -31,7 +31,11 @@ ENGINE_DRAFTERS = {
     "main": "the block drafter + the PACER pre-verifier",
     "no_position": "the block drafter + the pre-verifier trained without position embedding",
     "dflash": "the block drafter trained with the DFlash loss",
+    "suffix": "the suffix drafter, offline index only (cold: served outputs are not kept)",
+    "suffix_warm": "the suffix drafter, index + the target's outputs of the workload's other prompts",
+    "hybrid": "suffix (offline index only) or the block drafter's PACER draft, per round",
 }
+SUFFIX_ENGINES = {"suffix", "suffix_warm", "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,20 @@ def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
     g = (dflash_block or drafter_block) - 1
     methods.append(Method("dflash_fixed", "dflash", fixed(g), needs="drafter_dflash",
                           note=f"DFlash-loss drafter, gamma {g} (B-1)"))
-    return methods
+    return methods + suffix_methods(p)
+
+
+def suffix_methods(p: PacerSettings) -> list[Method]:
+    """Suffix cold / warm and the hybrid: the window is the suffix budget's own (max_draft);
+    the hybrid's block draft runs PACER with ``p``."""
+    window = {"policy": "fixed", "gamma": p.max_draft, "max_draft": p.max_draft}
+    hybrid = window | {"block_size": p.block_size, "threshold": p.threshold, "growth": p.growth}
+    return [
+        Method("suffix_cold", "suffix", window, note="suffix drafter, offline index only"),
+        Method("suffix_warm", "suffix_warm", window,
+               note="suffix drafter, index + the workload's other prompts' outputs"),
+        Method("hybrid_pacer", "hybrid", hybrid, note=f"hybrid: suffix or {pacer_note(p)}"),
+    ]
 
 
 def rho_ablation(p: PacerSettings, grown: float) -> PacerSettings:
@@ -140,7 +157,7 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
         return TargetModel(base.model, base.tokenizer, target_taps(ref))
 
     out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
-    if engines & {"main", "no_position"}:
+    if engines & {"main", "no_position", "hybrid"}:
         target = tapped(refs["drafter"])
         drafter = load_drafter(refs["drafter"], target, dtype)
         out["main"] = Engine(target, drafter, load_preverifier(refs["preverifier"], drafter))
@@ -150,7 +167,29 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
     if "dflash" in engines:
         target = tapped(refs["drafter_dflash"])
         out["dflash"] = Engine(target, load_drafter(refs["drafter_dflash"], target, dtype))
+    if engines & SUFFIX_ENGINES:
+        out |= suffix_engines(refs, engines, base, out.get("main"))
     return Models(out, base.model, base.tokenizer, sorted(base.eos_token_ids))
+
+
+def suffix_engines(refs: dict, engines: set[str], base, main) -> dict:
+    """Cold suffix drafters (the offline index only) for suffix, suffix_warm and hybrid; the
+    warm one gets the other prompts' outputs per call (``warm_runner``)."""
+    from specdec.engine.engine import Engine
+    from specdec.models.hybrid import HybridDrafter
+    from specdec.models.suffix import SuffixConfig, SuffixDrafter
+    from specdec.models.suffix_index import SuffixIndex
+
+    index = SuffixIndex.load(refs["suffix_index"]) if refs.get("suffix_index") else None
+
+    def cold() -> SuffixDrafter:
+        return SuffixDrafter(base.vocab_size, SuffixConfig(online=False), index)
+
+    out = {k: Engine(base, cold()) for k in ("suffix", "suffix_warm") if k in engines}
+    if "hybrid" in engines:
+        hybrid = HybridDrafter(cold(), main.drafter.drafter, main.drafter.preverifier)
+        out["hybrid"] = Engine(main.target.target, hybrid)
+    return out
 
 
 # ---- one timed call -------------------------------------------------------------------------
@@ -186,9 +225,47 @@ def hf_runner(model, eos: list[int], settings: dict) -> Runner:
     return run
 
 
-def runners(methods: list[Method], models: Models) -> dict[str, Runner]:
-    return {m.name: (engine_runner(models.engines[m.engine], m.settings) if m.engine
-                     else hf_runner(models.hf_model, models.eos, m.settings)) for m in methods}
+def warm_runner(engine, settings: dict, prompts: list[Prompt], outputs: dict[str, list[int]]) -> Runner:
+    """The suffix drafter with the target's outputs of the *other* prompts of the same workload
+    in its global tree (as if they had been served first); the prompt's own output never."""
+    drafter, run = engine.drafter.drafter, engine_runner(engine, settings)
+    keys = {p.id: drafter.remember(outputs[p.id]) for p in prompts}
+    by_ids = {tuple(p.ids): p for p in prompts}
+
+    def warm(prompt_ids: list[int], max_new_tokens: int):
+        own = by_ids[tuple(prompt_ids)]
+        others = [p for p in prompts if p.workload != own.workload]
+        for p in [own, *others]:  # only this workload's other outputs stay in the tree
+            drafter.forget(keys[p.id])
+        try:
+            return run(prompt_ids, max_new_tokens)
+        finally:
+            for p in [own, *others]:
+                keys[p.id] = drafter.remember(outputs[p.id])
+
+    return warm
+
+
+def greedy_outputs(engine, prompts: list[Prompt], n: int) -> dict[str, list[int]]:
+    """The target's greedy output of every prompt (strict SD serves exactly these)."""
+    from specdec.engine.settings import GenerationParams
+
+    return {p.id: engine.generate(p.ids, GenerationParams(n)).token_ids for p in prompts}
+
+
+def runners(methods: list[Method], models: Models, prompts: list[Prompt] | None = None,
+            max_new_tokens: int = 0) -> dict[str, Runner]:
+    """A runner per method; suffix_warm first computes every prompt's greedy output (untimed)."""
+    out = {}
+    for m in methods:
+        if m.engine == "suffix_warm":
+            outputs = greedy_outputs(models.engines["plain"], prompts, max_new_tokens)
+            out[m.name] = warm_runner(models.engines[m.engine], m.settings, prompts, outputs)
+        elif m.engine:
+            out[m.name] = engine_runner(models.engines[m.engine], m.settings)
+        else:
+            out[m.name] = hf_runner(models.hf_model, models.eos, m.settings)
+    return out
 
 
 # ---- peak memory ----------------------------------------------------------------------------

@@ -7,12 +7,14 @@ from pipelines.corpus import CorpusConfig
 from pipelines.evaluate import EvaluateConfig
 from pipelines.responses import ResponsesConfig
 from pipelines.simulate import SimulateConfig
+from pipelines.suffix_index import SuffixIndexConfig
 from pipelines.train_drafter import TrainDrafterConfig
 from pipelines.train_preverifier import TrainPreVerifierConfig
 
 SCHEMAS = {
     "corpus": CorpusConfig,
     "responses": ResponsesConfig,
+    "suffix_index": SuffixIndexConfig,
     "train_drafter": TrainDrafterConfig,
     "simulate": SimulateConfig,
     "train_preverifier": TrainPreVerifierConfig,

@@ -7,7 +7,9 @@ Stages, each a subprocess ``python -m pipelines.JOB --config CONFIGS/JOB.yaml`` 
 ``RAY_AUTH_MODE=disabled``, timed: corpus -> responses (the target's own greedy answers to the
 training prompts, the drafter's text) -> train_drafter -> simulate -> train_preverifier ->
 evaluate (its PACER and ASD sweep on the dev split gives ``pacer_defaults.json``); then
-``pipelines.export_default`` writes the bfloat16 pair to ``--out`` with a provenance that holds,
+suffix_index (the responses as the suffix drafter's offline index; last, so that a state
+recorded before it existed can still resume) -> ``pipelines.export_default`` writes the
+bfloat16 pair to ``--out`` with a provenance that holds,
 per stage, the command, the config, the wall time, the MLflow run and its final metrics.
 
 The training stages register new model versions and move ``champion`` to them (simulate and
@@ -42,8 +44,9 @@ from pipelines.config import load_config
 from pipelines.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
-STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate")
-TRAINED = ("train_drafter", "train_preverifier")  # the stages that register a model version
+STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate",
+          "suffix_index")
+TRAINED = ("suffix_index", "train_drafter", "train_preverifier")  # the stages that register a model version
 
 
 def state_path() -> Path:
@@ -186,7 +189,7 @@ def provenance_extra(state: dict) -> dict:
     import torch
 
     walls = {s: round(state["stages"][s]["wall_s"] + state["stages"][s]["failed_attempts_s"], 1)
-             for s in STAGES}
+             for s in STAGES if s in state["stages"]}
     return {"recipe": "make train-default (python -m pipelines.train_default)",
             "data": {f"{stage}_{key}": state["stages"][stage][key]
                      for stage in ("corpus", "responses") for key in ("config", "metrics")},
@@ -210,7 +213,22 @@ def export(state: dict, configs: Path, out: Path) -> Path:
             *(["--pacer-defaults", pacer] if pacer else []),
             "--provenance-extra", str(work / "provenance-extra.json"), "--out", str(out)]
     export_default.main(args)
+    export_suffix_index(state, out)
     return out
+
+
+def export_suffix_index(state: dict, out: Path) -> None:
+    """The registered index version -> ``out/suffix-index`` (``cluster.default_pair`` registers
+    and serves it from there)."""
+    import shutil
+
+    from specdec.models.registry import resolve_model_ref
+
+    version = state["stages"].get("suffix_index", {}).get("model_version")
+    if version is None:
+        return
+    shutil.rmtree(out / "suffix-index", ignore_errors=True)
+    shutil.copytree(resolve_model_ref(version), out / "suffix-index")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,16 @@ def add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate one completion in the single-process engine")
     g.add_argument("--target", required=True, help="named source, model directory or HF id")
     g.add_argument("--drafter", default="none",
-                   help="none | ngram | self | block-drafter checkpoint | AR draft LM path or id")
+                   help="none | ngram | suffix | hybrid | self | block-drafter checkpoint | "
+                        "AR draft LM path or id")
+    g.add_argument("--suffix-index", default=None,
+                   help="suffix/hybrid: index directory or models:/NAME@ALIAS (none: local tree only)")
+    g.add_argument("--block-drafter", default=None,
+                   help="hybrid: the block-drafter checkpoint (with --preverifier)")
+    g.add_argument("--suffix-factor", type=float, default=2.0, help="suffix budget factor")
+    g.add_argument("--suffix-min-prob", type=float, default=0.05, help="suffix min token prob")
+    g.add_argument("--hybrid-skip", type=float, default=4.0,
+                   help="hybrid: a suffix score at least this skips the block drafter")
     g.add_argument("--preverifier", default=None,
                    help="pre-verifier checkpoint for PACER, or 'untrained' (random weights)")
     g.add_argument("--policy", default="fixed", choices=sorted(POLICIES))
@@ -77,16 +86,22 @@ def run_generate(args) -> int:
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_pair
     from specdec.engine.settings import GenerationParams, SpecSettings
+    from specdec.models.suffix import SuffixConfig
 
     spec = SpecSettings(policy=args.policy, gamma=args.gamma, block_size=args.block_size,
                         threshold=args.threshold, growth=args.growth, max_draft=args.max_draft,
                         verify=args.verify, asd_budget=args.asd_budget, asd_gate=args.asd_gate,
-                        asd_max_exceptions=args.asd_max_exceptions)
+                        asd_max_exceptions=args.asd_max_exceptions,
+                        suffix_factor=args.suffix_factor, suffix_min_prob=args.suffix_min_prob,
+                        hybrid_skip=args.hybrid_skip)
     params = GenerationParams(args.max_new_tokens, args.temperature, args.seed, spec)
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     if args.policy == "pacer" and args.preverifier is None:
         raise ValueError("--policy pacer needs --preverifier (a trained pre-verifier checkpoint)")
-    pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device)
+    if args.suffix_index and args.drafter not in ("suffix", "hybrid"):
+        raise ValueError("--suffix-index needs --drafter suffix or hybrid")
+    pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device,
+                     SuffixConfig(index=args.suffix_index), args.block_drafter)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, args.chat)
     stream = Engine(pair.target, pair.drafter, pair.preverifier).stream(prompt_ids, params)
     decode = pair.target.tokenizer.decode

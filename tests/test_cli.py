@@ -55,3 +55,31 @@ def test_pacer_with_an_untrained_preverifier_runs(tiny_llama, capsys):
                  "--max-new-tokens", "10", "--prompt", "abc", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["stats"]["committed"] == 10
+
+
+def test_suffix_with_an_index_and_hybrid_run(tiny_llama, tmp_path, capsys):
+    from specdec.models.suffix_index import SuffixIndex
+    from specdec.models.target import TargetModel
+
+    target = tiny_llama["target"]
+    base = ["generate", "--target", target, "--dtype", "float64", "--max-new-tokens", "16",
+            "--gamma", "16", "--prompt", "abc abc", "--json"]
+    assert main([*base, "--drafter", "suffix"]) == 0  # no index: the local tree only
+    first = json.loads(capsys.readouterr().out)
+    vocab_size = TargetModel.from_pretrained(target).vocab_size
+    SuffixIndex((tuple(first["token_ids"]),), "tiny", vocab_size).save(tmp_path / "idx")
+    assert main([*base, "--drafter", "suffix", "--suffix-index", str(tmp_path / "idx")]) == 0
+    warm = json.loads(capsys.readouterr().out)
+    assert warm["token_ids"] == first["token_ids"]
+    assert warm["stats"]["accepted"] > first["stats"]["accepted"]
+    assert warm["stats"]["draft_sources"]["suffix"] >= 1
+    assert main([*base, "--drafter", "hybrid", "--block-drafter", tiny_llama["block-drafter"],
+                 "--preverifier", "untrained"]) == 0
+    hybrid = json.loads(capsys.readouterr().out)
+    assert hybrid["token_ids"] == first["token_ids"]
+
+
+def test_suffix_index_without_a_suffix_drafter_is_an_error(tiny_llama, capsys):
+    assert main(["generate", "--target", tiny_llama["target"], "--suffix-index", "x",
+                 "--prompt", "x"]) == 2
+    assert "--suffix-index needs --drafter suffix or hybrid" in capsys.readouterr().err

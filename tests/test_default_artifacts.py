@@ -41,3 +41,12 @@ def test_provenance_names_data_steps_losses_and_command():
     assert p["wall_s"]["total"] > 0
     defaults = json.loads((ROOT / "pacer_defaults.json").read_text())
     assert defaults["policy"] == "pacer"
+
+
+def test_suffix_index_loads_and_says_what_it_holds():
+    from specdec.models.suffix_index import SuffixIndex
+
+    index = SuffixIndex.load(ROOT / "suffix-index")
+    assert index.target == "smollm2-135m" and index.vocab_size == 49152
+    assert len(index.sequences) == 800 and index.num_tokens > 50_000  # pipelines.suffix_index
+    assert index.meta["source"] == "train.parquet"

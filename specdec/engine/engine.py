@@ -90,6 +90,8 @@ class Progress:
     def drafted(self, draft: Draft) -> None:
         self.stats.drafter_s += draft.drafter_s
         self.stats.preverifier_s += draft.preverifier_s
+        if draft.source is not None:
+            self.stats.draft_sources[draft.source] += 1
 
     def settle(self, draft: Draft, result: RoundResult, room: int, eos: frozenset[int]) -> list[int]:
         """Record a verified round; return the tokens it added. ``room`` is the one the draft

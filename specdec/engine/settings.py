@@ -29,6 +29,11 @@ class SpecSettings:
     asd_gate: float = 0.25  # g
     asd_max_exceptions: int = 2  # M
     asd_normalized: bool = False  # q_i = (K - i) / K instead of K - i
+    # suffix drafter (SuffixDecoding): budget min(max_draft, floor(factor * match + offset))
+    suffix_factor: float = 2.0
+    suffix_offset: float = 0.0
+    suffix_min_prob: float = 0.05  # stop the walk below this path probability
+    hybrid_skip: float = 4.0  # hybrid: a suffix score at least this skips the block drafter
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -45,6 +50,10 @@ class SpecSettings:
             (self.asd_gate >= 0, f"ASD gate g must be >= 0, got {self.asd_gate}"),
             (self.asd_max_exceptions >= 0,
              f"ASD max exceptions M must be >= 0, got {self.asd_max_exceptions}"),
+            (self.suffix_factor >= 0, f"suffix factor must be >= 0, got {self.suffix_factor}"),
+            (0 <= self.suffix_min_prob <= 1,
+             f"suffix min token prob must be in [0, 1], got {self.suffix_min_prob}"),
+            (self.hybrid_skip >= 0, f"hybrid skip score must be >= 0, got {self.hybrid_skip}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -18,6 +18,7 @@ class RequestStats:
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds that accepted position i
     drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted position i
     draft_lengths: Counter = field(default_factory=Counter)  # draft length -> rounds
+    draft_sources: Counter = field(default_factory=Counter)  # source -> rounds (suffix, hybrid)
     drafter_s: float = 0.0
     preverifier_s: float = 0.0
     target_s: float = 0.0
@@ -58,6 +59,7 @@ class RequestStats:
             "accepted_per_position": list(self.accepted_at),
             "drafted_per_position": list(self.drafted_at),
             "draft_length_histogram": {str(k): v for k, v in sorted(self.draft_lengths.items())},
+            "draft_sources": dict(sorted(self.draft_sources.items())),
             "regret_spent": round(self.regret_spent, 6), "exceptions": self.exceptions,
             "time_s": {"drafter": round(self.drafter_s, 4), "preverifier": round(self.preverifier_s, 4),
                        "target": round(self.target_s, 4), "total": round(self.total_s, 4)},

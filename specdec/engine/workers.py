@@ -38,6 +38,7 @@ class Draft:
     probs: torch.Tensor | None  # [K, V] proposal distribution, only when sampling
     drafter_s: float = 0.0
     preverifier_s: float = 0.0
+    source: str | None = None  # which draft source the tokens came from (hybrid: suffix | block)
 
 
 @dataclass(frozen=True)
@@ -156,14 +157,19 @@ class DraftWorker:
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already open")
         spec = params.spec
+        if getattr(self.drafter, "pacer_inside", False) and spec.policy != "fixed":
+            raise ValueError(f"policy {spec.policy} with the hybrid drafter: it runs PACER on "
+                             "its block draft itself; use policy fixed (gamma caps the draft)")
         extra = {}
         timers = {"preverifier": 0.0}
         if spec.policy == "pacer":
             extra["scorer"] = self._timed_scorer(timers)
         policy = make_policy(spec.policy, **spec.policy_params(), **extra)
         draft_gen, _ = generators(params.seed)
+        # drafters that read per-request settings (suffix, hybrid) get them at start
+        settings = {"settings": spec} if getattr(self.drafter, "reads_settings", False) else {}
         self.requests[rid] = DraftRequest(
-            self.drafter.start(prompt_ids, features), policy, policy.new_state(),
+            self.drafter.start(prompt_ids, features, **settings), policy, policy.new_state(),
             Sampling(params.temperature, draft_gen, **params.warp_params()), timers,
         )
 
@@ -194,7 +200,8 @@ class DraftWorker:
         tokens = [int(t) for b in blocks for t in b.tokens]
         probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
         elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
-        return Draft(tokens, probs, drafter_s=elapsed - pre, preverifier_s=pre)
+        source = getattr(req.state, "source", None) if tokens else None
+        return Draft(tokens, probs, drafter_s=elapsed - pre, preverifier_s=pre, source=source)
 
     def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
         req = self.requests[rid]
@@ -202,4 +209,7 @@ class DraftWorker:
         req.policy.update(req.policy_state, drafted, result.accepted)
 
     def close(self, rid: str) -> None:
-        self.requests.pop(rid, None)
+        req = self.requests.pop(rid, None)
+        finish = getattr(self.drafter, "finish", None)  # e.g. the suffix drafter's global tree
+        if req is not None and finish is not None:
+            finish(req.state)

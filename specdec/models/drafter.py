@@ -3,8 +3,14 @@
 A drafter extends the current round's draft block by block (``propose``) and is told what the
 target committed at the end of the round (``commit``). All per-request state lives in the
 object returned by ``start``; the drafter itself is shared across requests. Implementations:
-``ARDrafter`` (a small draft LM), ``BlockDrafter`` (DFlash-style, parallel) and
-``NgramDrafter`` (prompt lookup, no model).
+``ARDrafter`` (a small draft LM), ``BlockDrafter`` (DFlash-style, parallel),
+``NgramDrafter`` (prompt lookup, no model), ``SuffixDrafter`` (SuffixDecoding, no model) and
+``HybridDrafter`` (suffix or block, per round).
+
+Optional parts: a drafter with ``reads_settings = True`` gets the request's ``SpecSettings`` as
+``start(..., settings=)``; one with a ``finish(state)`` method is told when a request ends
+(however it ends); one whose state has a ``source`` attribute says where each round's draft
+came from.
 """
 
 from __future__ import annotations

@@ -29,3 +29,23 @@ def test_unknown_keys_are_rejected():
         ServeArgs.model_validate({"target": "x", "drafterr": "ngram"})
     with pytest.raises(ValidationError):
         ServeArgs.model_validate({"target": "x", "speculative": {"gama": 3}})
+
+
+def test_suffix_and_hybrid_args():
+    ok = ServeArgs.model_validate({"target": "x", "drafter": "suffix",
+                                   "suffix": {"index": "models:/x-suffix-index@champion"},
+                                   "speculative": {"suffix_factor": 1.5, "hybrid_skip": 3}})
+    assert ok.suffix.max_cached_requests > 0 and ok.speculative.suffix_min_prob == 0.05
+    ServeArgs.model_validate({"target": "x", "drafter": "hybrid", "block_drafter": "d",
+                              "preverifier": "p"})
+    with pytest.raises(ValidationError, match="needs block_drafter and preverifier"):
+        ServeArgs.model_validate({"target": "x", "drafter": "hybrid", "block_drafter": "d"})
+    with pytest.raises(ValidationError, match="only read with drafter hybrid"):
+        ServeArgs.model_validate({"target": "x", "drafter": "suffix", "block_drafter": "d"})
+    with pytest.raises(ValidationError):
+        ServeArgs.model_validate({"target": "x", "suffix": {"max_depht": 3}})
+
+
+def test_local_default_drafter_is_known():
+    doc = yaml.safe_load((CONFIGS[0].parent / "local.yaml").read_text())
+    assert doc.get("default_drafter", "block") in ("block", "suffix", "hybrid")

@@ -89,3 +89,22 @@ def test_serve_args_without_artifacts_serve_the_config(tmp_path, capsys):
     assert serve_args(ARGS, tmp_path / "absent") == ARGS
     assert "no trained default pair" in capsys.readouterr().out
     assert serve_args(ARGS, None) == ARGS
+
+
+@pytest.mark.parametrize("drafter", ["suffix", "hybrid"])
+def test_serve_args_serve_the_suffix_index_from_the_registry(exported, uri, tmp_path, drafter):
+    from specdec.models.suffix_index import SuffixIndex
+
+    artifacts = shutil.copytree(exported, tmp_path / "sfx-pair")
+    SuffixIndex(((1, 2, 3),), "tiny", 300).save(artifacts / "suffix-index")
+    args = serve_args({**ARGS, "mlflow_tracking_uri": uri}, artifacts, drafter)
+    assert args["drafter"] == drafter
+    assert args["suffix"]["index"] == "models:/sfx-pair-suffix-index@champion"
+    assert args["speculative"]["policy"] == "fixed"
+    assert args["speculative"]["gamma"] == args["speculative"]["max_draft"]
+    assert ("block_drafter" in args) == (drafter == "hybrid")
+    local = mlflow.artifacts.download_artifacts(args["suffix"]["index"], tracking_uri=uri,
+                                                dst_path=str(tmp_path / "dl"))
+    assert SuffixIndex.load(local).sequences == ((1, 2, 3),)
+    block = serve_args({**ARGS, "mlflow_tracking_uri": uri}, artifacts, "block")
+    assert block["drafter"] == "models:/sfx-pair-block-drafter@champion" and "suffix" not in block

@@ -92,7 +92,8 @@ def test_every_strict_method_reproduces_ar(results):
     for w, x in results["workloads"].items():
         methods = x["methods"]
         assert {"ar", "hf_generate", "hf_prompt_lookup", "ngram", "fixed_15", "pacer",
-                "pacer_no_position", "pacer_rho_ablation", "pacer_asd_4", "dflash_fixed"} <= methods.keys()
+                "pacer_no_position", "pacer_rho_ablation", "pacer_asd_4", "dflash_fixed",
+                "suffix_cold", "suffix_warm", "hybrid_pacer"} <= methods.keys()
         for name, m in methods.items():
             assert m["tokens"] > 0, (w, name)
             if m["strict"]:

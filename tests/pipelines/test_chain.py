@@ -8,7 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines import corpus, evaluate, responses, simulate, train_drafter, train_preverifier
+from pipelines import (
+    corpus,
+    evaluate,
+    responses,
+    simulate,
+    suffix_index,
+    train_drafter,
+    train_preverifier,
+)
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
@@ -30,6 +38,9 @@ def chain(ray_session, store, tiny_llama):
         responses.ResponsesConfig, store, target=target, corpus=str(out["corpus"]["train"]),
         out=str(root / "responses" / "train.parquet"), max_new_tokens=24, limit=12,
         actors=ACTORS | {"batch_size": 4}))
+    out["suffix_index"] = suffix_index.run(config(
+        suffix_index.SuffixIndexConfig, store, target=target, responses=out["responses"]["path"],
+        out=str(root / "suffix_index"), mlflow={"champion": True}))
     out["drafter"] = train_drafter.run(config(
         train_drafter.TrainDrafterConfig, store, target=target, anchors="response",
         corpus=out["responses"]["path"], labels="text", run_dir=str(root / "drafter"),
@@ -108,3 +119,26 @@ def dict_spec():
     from specdec.engine.settings import SpecSettings
 
     return SpecSettings(policy="pacer", block_size=2, threshold=0.3, max_draft=5)
+
+
+def test_suffix_index_through_the_registry_is_the_responses_and_lossless(chain, store):
+    from specdec.models.suffix import SuffixConfig
+    from specdec.models.suffix_index import SuffixIndex
+
+    table = pq.read_table(chain["responses"]["path"]).to_pylist()
+    want = tuple(tuple(r["input_ids"][r["prompt_len"]:]) for r in table)
+    ref = "models:/target-suffix-index@champion"
+    assert chain["suffix_index"]["model_uri"].startswith("models:/target-suffix-index/")
+    assert chain["suffix_index"]["tree_mb_per_million_tokens"] >= 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", store["tracking_uri"])
+        index = SuffixIndex.load(ref)
+        assert index.sequences == tuple(s for s in want if len(s) >= 2)
+        pair = load_pair(chain["target"], "suffix", dtype="float64", suffix=SuffixConfig(index=ref))
+    assert pair.drafter.cached_responses == len(index.sequences)
+    prompt = table[0]["prompt_ids"]
+    plain = Engine(load_pair(chain["target"], "none", dtype="float64").target)
+    expected = plain.generate(prompt, GenerationParams(16)).token_ids
+    out = Engine(pair.target, pair.drafter).generate(prompt, GenerationParams(16))
+    assert out.token_ids == expected
+    assert out.stats.accepted > 0  # its own training response is in the index

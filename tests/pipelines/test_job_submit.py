@@ -81,3 +81,14 @@ def test_ray_job_submit_runs_the_corpus_job(local_head, tiny_llama, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "succeeded" in done.stdout + done.stderr
     assert (tmp_path / "corpus" / "train.parquet").is_file()
+    # the suffix index job, on the same head, over the corpus rows (same schema as responses)
+    index_cfg = tmp_path / "suffix_index.yaml"
+    index_cfg.write_text(
+        f"target: {tiny_llama['target']}\nresponses: {tmp_path / 'corpus' / 'train.parquet'}\n"
+        f"out: {tmp_path / 'index'}\nmlflow: {{tracking_uri: 'sqlite:///{tmp_path / 'mlflow.db'}'}}\n")
+    done = subprocess.run(
+        [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+         sys.executable, "-m", "pipelines.suffix_index", "--config", str(index_cfg)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "index" / "suffix_index.json").is_file()

@@ -20,7 +20,8 @@ FULL = {"stages": {s: {} for s in td.STAGES}, "failed_s": {}}
 def test_plan_runs_from_the_given_stage_only_after_recorded_stages():
     assert td.plan("corpus", {"stages": {}}) == list(td.STAGES)
     done = {"stages": {"corpus": {}, "responses": {}, "train_drafter": {}}}
-    assert td.plan("simulate", done) == ["simulate", "train_preverifier", "evaluate"]
+    assert td.plan("simulate", done) == ["simulate", "train_preverifier", "evaluate",
+                                         "suffix_index"]
     assert td.plan("export", FULL) == []
     with pytest.raises(ValueError, match="start from responses"):
         td.plan("simulate", {"stages": {"corpus": {}}})
