@@ -137,14 +137,16 @@ class Weights:
     sin: torch.Tensor  # [max_len, d]
 
     @classmethod
-    def from_hf(cls, model) -> Weights:
+    def from_hf(cls, model, transposed: bool | None = None) -> Weights:
+        """``transposed`` None: the layout measured fastest for the model's dtype (``TRANSPOSED``)."""
         config = model.config
         reason = unsupported(config)
         if reason:
             raise ValueError(f"the runtime cannot run this model: {reason}")
         shape = Shape.from_config(config)
         dtype = next(model.parameters()).dtype
-        transposed = TRANSPOSED.get(dtype, False)
+        if transposed is None:
+            transposed = TRANSPOSED.get(dtype, False)
         layers = tuple(hf_layer(block, transposed) for block in model.model.layers)
         cos, sin = rope_table(config, shape.head_dim, shape.max_len, dtype)
         device = model.model.embed_tokens.weight.device

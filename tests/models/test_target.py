@@ -165,3 +165,16 @@ def test_a_batch_equals_its_requests_alone(target):
     for a, b in zip(alone, batch, strict=True):
         torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-12)
         torch.testing.assert_close(a.taps, b.taps, rtol=0, atol=1e-12)
+
+
+def test_sequence_features_equal_on_both_backends(tiny):
+    from specdec.training.target_features import sequence_features
+
+    seqs = [list(range(5, 25)), [7, 8, 9], list(range(40, 52))]
+    a, b = (sequence_features(TargetModel.from_pretrained(tiny["target"], "float64", (0, 2),
+                                                          backend=backend, pool_size=2), seqs)
+            for backend in ("runtime", "transformers"))
+    torch.testing.assert_close(a.features, b.features, rtol=0, atol=1e-9)
+    assert torch.equal(a.lengths, b.lengths)
+    for i, n in enumerate(a.lengths.tolist()):  # past a sequence's end the padded HF batch
+        assert torch.equal(a.greedy_next[i, :n], b.greedy_next[i, :n])  # predicts junk
