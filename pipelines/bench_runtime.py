@@ -201,13 +201,13 @@ def bench_dtype(dtype: str, path: str, tokenizer, prompts, args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).eval()
     target = TargetModel(model, tokenizer, backend="runtime", pool_size=16)
     fwd = target.runtime
-    flipped = Weights.from_hf(model, transposed=not fwd.w.transposed)
+    flipped = Weights.from_hf(model, single_row_copy=fwd.w.lm_head.wt is None)
     other = Forward(flipped, fwd.pool)
     passes = pass_times(model, fwd, other, args.repeats)
     ar = ar_runs(model, target, prompts, args.max_new_tokens, exact=dtype == "float32")
     by = {(r["batch"], r["new_tokens"]): r for r in passes}
     decode = by[(1, 1)]["runtime_ms"]
-    return {"dtype": dtype, "layout": "[in, out], x @ w" if fwd.w.transposed else "[out, in], F.linear",
+    return {"dtype": dtype, "layout": "[out, in] F.linear + [in, out] x @ wt for single rows" if fwd.w.lm_head.wt is not None else "[out, in] F.linear",
             "passes": passes, "ar": ar, "weight_bytes": weight_bytes(fwd.w),
             "ratios": {"verify16_over_decode1": round(by[(1, 16)]["runtime_ms"] / decode, 3),
                        "batch8_over_batch1": round(by[(8, 1)]["runtime_ms"] / decode, 3),

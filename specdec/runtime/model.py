@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.runtime.pool import KVPool
-from specdec.runtime.weights import Layer, Weights
+from specdec.runtime.weights import Layer, Proj, Weights
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,13 @@ class Forward:
         s = weights.shape
         self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.w.transposed:
-            y = x @ w  # w: [in, out]
-            return y if bias is None else y + bias
-        return F.linear(x, w, bias)
+    @staticmethod
+    def linear(x: torch.Tensor, p: Proj) -> torch.Tensor:
+        """x: [..., in] -> [..., out]; a single row uses the [in, out] copy where there is one."""
+        if p.wt is not None and x.numel() == x.shape[-1]:
+            y = x @ p.wt
+            return y if p.bias is None else y + p.bias
+        return F.linear(x, p.w, p.bias)
 
     @torch.inference_mode()
     def __call__(self, rows: Sequence[Row]) -> list[RowOutput]:
@@ -118,13 +120,16 @@ class Forward:
             ids[b, :len(r.ids)] = torch.as_tensor(list(r.ids), dtype=torch.long)
         cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [B, 1, T, d]
         C = mask.shape[-1]
-        for r in rows:
-            pool.ensure_clean(r.slot, C)
+        if len(rows) > 1:  # only a padded batch reads past a slot's end
+            for r in rows:
+                pool.ensure_clean(r.slot, C)
+        if T == 1 and B == 1:
+            mask = None  # one query that sees every cached key: SDPA's unmasked path
         x = self.w.embed[ids.to(device)]  # [B, T, H]
         taps = {}  # layer -> its output [B, T, H], for the tapped layers only
         for i, layer in enumerate(self.w.layers):
             x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), rows, lengths,
-                                   cos, sin, mask)
+                                   cos, sin, mask, C)
             x = x + self.mlp(layer, rms_norm(x, layer.mlp_norm, s.eps))
             if i in self.tap_layers:  # the last layer's output is read after the final norm, as
                 taps[i] = x if i < s.layers - 1 else rms_norm(x, self.w.norm, s.eps)  # in HF
@@ -132,10 +137,11 @@ class Forward:
             pool.advance(r.slot, len(r.ids))
         return self.outputs(rows, T, x, taps)
 
-    def attention(self, i: int, layer: Layer, x, rows, lengths, cos, sin, mask) -> torch.Tensor:
+    def attention(self, i: int, layer: Layer, x, rows, lengths, cos, sin, mask, C: int) -> torch.Tensor:
+        """x: [B, T, H] normed; mask: [B, 1, T, C] or None (one query seeing all C keys)."""
         s, pool = self.w.shape, self.pool
         B, T, _ = x.shape
-        qkv = self.linear(x, layer.qkv, layer.qkv_bias)  # [B, T, (h + 2 kvh) d]
+        qkv = self.linear(x, layer.qkv)  # [B, T, (h + 2 kvh) d]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(B, T, s.heads, s.head_dim)
         k = k.view(B, T, s.kv_heads, s.head_dim)
@@ -148,7 +154,6 @@ class Forward:
         for b, (r, c) in enumerate(zip(rows, lengths, strict=True)):
             n = len(r.ids)
             pool.write(i, r.slot, c, k[b, :, :n], v[b, :, :n])
-        C = mask.shape[-1]
         if B == 1:  # a view of the slot, no copy: [1, kvh, C, d]
             keys = pool.k[i][rows[0].slot, :, :C].unsqueeze(0)
             values = pool.v[i][rows[0].slot, :, :C].unsqueeze(0)
@@ -158,18 +163,18 @@ class Forward:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              scale=s.head_dim ** -0.5,
                                              enable_gqa=s.heads != s.kv_heads)  # [B, h, T, d]
-        return self.linear(out.transpose(1, 2).reshape(B, T, self.q_size), layer.o, layer.o_bias)
+        return self.linear(out.transpose(1, 2).reshape(B, T, self.q_size), layer.o)
 
     def mlp(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-        return self.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+        gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, layer.down)
 
     def outputs(self, rows, T: int, x: torch.Tensor, taps: dict) -> list[RowOutput]:
         """Final norm + lm_head only at the asked-for positions; taps = outputs of layer l."""
         flat = x.reshape(-1, x.shape[-1])  # [B * T, H]
         at = [b * T + i for b, r in enumerate(rows) for i in r.logits_at]
         index = torch.tensor(at, dtype=torch.long, device=x.device)
-        logits = F.linear(rms_norm(flat[index], self.w.norm, self.w.shape.eps), self.w.lm_head)
+        logits = self.linear(rms_norm(flat[index], self.w.norm, self.w.shape.eps), self.w.lm_head)
         out, start = [], 0
         for b, r in enumerate(rows):
             row_logits = logits[start:start + len(r.logits_at)]

@@ -4,11 +4,13 @@
 (None when it is inside): Llama / SmolLM2, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm), SiLU MLP,
 full attention in every layer, RoPE of type default, linear or llama3. ``Weights.from_hf`` takes
 the tensors of a loaded transformers model (the loader and the test reference; its forward never
-runs here), fuses q/k/v and gate/up, and lays them out for the dtype:
-
-- float32: pre-transposed contiguous ``[in, out]``, used as ``x @ w`` (MKL's skinny GEMM is
-  much faster on this layout: 16 rows ~2.8x one row, against ~3.9x for ``F.linear``);
-- bfloat16, float64: ``[out, in]`` for ``F.linear`` (bf16 runs on AMX through oneDNN there).
+runs here) and fuses q/k/v and gate/up (the HF modules then hold views of the fused tensors, so
+the weights are not stored twice). Layout, by measurement (pipelines/bench_runtime.py and
+docs/BENCHMARKS.md): every projection is ``[out, in]`` for ``F.linear``; in float32 each also
+keeps a pre-transposed contiguous ``[in, out]`` copy for single-row passes (``x @ wt``: a decode
+step, a prefill's lm_head), where MKL runs GEMV on that layout about 1.4x (layers) to 2x
+(lm_head) faster on this AMD EPYC (AVX2), while ``[out, in]`` is the faster one from 4 rows on.
+bfloat16 has no such copy: ``x @ wt`` in bf16 was 6-9x slower than ``F.linear``.
 
 RoPE follows transformers' definition exactly, float32 arithmetic included (its cos/sin are
 computed in float32 whatever the model dtype, then cast): ``inv_freq_i = 1 / theta^(2i/d)``,
@@ -24,7 +26,7 @@ import torch
 
 FAMILY = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
-TRANSPOSED = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
+SINGLE_ROW_COPY = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
 
 
 def rope_params(config) -> dict:
@@ -110,70 +112,77 @@ def rope_table(config, head_dim: int, max_len: int, dtype: torch.dtype):
 
 
 @dataclass(frozen=True)
+class Proj:
+    """One (fused) linear projection."""
+
+    w: torch.Tensor  # [out, in], for F.linear
+    wt: torch.Tensor | None  # [in, out] contiguous copy for single-row passes (float32), or None
+    bias: torch.Tensor | None  # [out] (Qwen2's q/k/v)
+
+
+@dataclass(frozen=True)
 class Layer:
     attn_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [(h + 2 kvh) * d, H] or transposed [H, (h + 2 kvh) * d]
-    qkv_bias: torch.Tensor | None  # [(h + 2 kvh) * d] (Qwen2)
+    qkv: Proj  # H -> (h + 2 kvh) * d
     q_norm: torch.Tensor | None  # [d] (Qwen3)
     k_norm: torch.Tensor | None  # [d]
-    o: torch.Tensor  # [H, h * d] or transposed
-    o_bias: torch.Tensor | None
+    o: Proj  # h * d -> H
     mlp_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 I, H] or transposed
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor  # [H, I] or transposed
-    down_bias: torch.Tensor | None
+    gate_up: Proj  # H -> 2 I
+    down: Proj  # I -> H
 
 
 @dataclass(frozen=True)
 class Weights:
     shape: Shape
-    transposed: bool  # projections stored [in, out] (x @ w) rather than [out, in] (F.linear)
     embed: torch.Tensor  # [V, H]
     layers: tuple[Layer, ...]
     norm: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H] (the embedding itself when tied)
+    lm_head: Proj  # H -> V (w is the embedding itself when tied)
     cos: torch.Tensor  # [max_len, d]
     sin: torch.Tensor  # [max_len, d]
 
     @classmethod
-    def from_hf(cls, model, transposed: bool | None = None) -> Weights:
-        """``transposed`` None: the layout measured fastest for the model's dtype (``TRANSPOSED``)."""
+    def from_hf(cls, model, single_row_copy: bool | None = None) -> Weights:
+        """``single_row_copy`` None: as measured fastest for the dtype (``SINGLE_ROW_COPY``)."""
         config = model.config
         reason = unsupported(config)
         if reason:
             raise ValueError(f"the runtime cannot run this model: {reason}")
         shape = Shape.from_config(config)
         dtype = next(model.parameters()).dtype
-        if transposed is None:
-            transposed = TRANSPOSED.get(dtype, False)
-        layers = tuple(hf_layer(block, transposed) for block in model.model.layers)
+        if single_row_copy is None:
+            single_row_copy = SINGLE_ROW_COPY.get(dtype, False)
+        layers = tuple(hf_layer(block, single_row_copy) for block in model.model.layers)
         cos, sin = rope_table(config, shape.head_dim, shape.max_len, dtype)
         device = model.model.embed_tokens.weight.device
-        return cls(shape, transposed, model.model.embed_tokens.weight.detach(), layers,
-                   model.model.norm.weight.detach(), model.get_output_embeddings().weight.detach(),
+        head = model.get_output_embeddings().weight.detach()
+        return cls(shape, model.model.embed_tokens.weight.detach(), layers,
+                   model.model.norm.weight.detach(),
+                   Proj(head, head.t().contiguous() if single_row_copy else None, None),
                    cos.to(device), sin.to(device))
 
 
-def hf_layer(block, transposed: bool) -> Layer:
+def fuse(linears, single_row_copy: bool) -> Proj:
+    """Concatenate the outputs of ``linears`` into one projection; the modules keep views of it."""
+    with torch.no_grad():
+        w = torch.cat([m.weight.detach() for m in linears]).contiguous()  # [out, in]
+        for m, part in zip(linears, w.split([m.out_features for m in linears]), strict=True):
+            m.weight.data = part  # the HF model shares the fused storage
+    bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
+    return Proj(w, w.t().contiguous() if single_row_copy else None, bias)
+
+
+def hf_layer(block, single_row_copy: bool) -> Layer:
     attn, mlp = block.self_attn, block.mlp
-
-    def fuse(*linears):
-        w = torch.cat([m.weight.detach() for m in linears])  # [out, in]
-        return w.t().contiguous() if transposed else w.contiguous()
-
-    def bias(*linears):
-        if linears[0].bias is None:
-            return None
-        return torch.cat([m.bias.detach() for m in linears])
 
     def norm(name):
         module = getattr(attn, name, None)
         return None if module is None else module.weight.detach()
 
     return Layer(block.input_layernorm.weight.detach(),
-                 fuse(attn.q_proj, attn.k_proj, attn.v_proj), bias(attn.q_proj, attn.k_proj, attn.v_proj),
-                 norm("q_norm"), norm("k_norm"), fuse(attn.o_proj), bias(attn.o_proj),
+                 fuse([attn.q_proj, attn.k_proj, attn.v_proj], single_row_copy),
+                 norm("q_norm"), norm("k_norm"), fuse([attn.o_proj], single_row_copy),
                  block.post_attention_layernorm.weight.detach(),
-                 fuse(mlp.gate_proj, mlp.up_proj), bias(mlp.gate_proj, mlp.up_proj),
-                 fuse(mlp.down_proj), bias(mlp.down_proj))
+                 fuse([mlp.gate_proj, mlp.up_proj], single_row_copy),
+                 fuse([mlp.down_proj], single_row_copy))

@@ -177,3 +177,21 @@ def test_unsupported_configs_say_why():
     assert "sliding" in unsupported(Qwen2Config(**COMMON, use_sliding_window=True))
     yarn = LlamaConfig(**COMMON, rope_scaling={"rope_type": "yarn", "factor": 2.0})
     assert "yarn" in unsupported(yarn)
+
+
+def test_float32_single_row_copies_equal_the_reference(hf):
+    """The float32 fast path (x @ wt on [in, out] copies for one-row passes) against HF."""
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
+    model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
+    w = Weights.from_hf(model)
+    assert w.lm_head.wt is not None and w.layers[0].qkv.wt.shape == w.layers[0].qkv.w.T.shape
+    s = w.shape
+    fwd = Forward(w, KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
+    ids = seq(12, 13)
+    slot = fwd.pool.acquire()
+    prefill = fwd([Row(slot, ids[:11], logits_at=[10])])[0]  # one lm_head row: the copy
+    decode = fwd([Row(slot, ids[11:], logits_at=[0], taps_at=[0])])[0]  # every layer: the copy
+    logits, taps = reference(model, ids)
+    torch.testing.assert_close(prefill.logits, logits[10:11], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decode.logits, logits[11:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decode.taps, taps[11:], rtol=1e-4, atol=1e-4)
