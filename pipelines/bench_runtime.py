@@ -44,6 +44,7 @@ from specdec.models.kv import cache_kwarg, crop_cache
 from specdec.models.sources import parse_dtype, resolve
 from specdec.models.target import TargetModel
 from specdec.runtime import Forward, Row, Weights
+from specdec.runtime.weights import Proj
 
 SHAPES = [(1, 1), (1, 4), (1, 8), (1, 16), (8, 1), (8, 4)]  # (batch, new tokens)
 CONTEXT = 128
@@ -137,12 +138,16 @@ def read_bandwidth() -> float:
 
 
 def weight_bytes(w: Weights) -> int:
-    """Bytes a decode step reads: every layer's tensors, the final norm and the lm_head."""
-    total = w.lm_head.numel() * w.lm_head.element_size() + w.norm.numel() * w.norm.element_size()
+    """Bytes a decode step reads: each projection once (the copy a single row uses), the norms."""
+    def size(t):
+        return 0 if t is None else t.numel() * t.element_size()
+
+    def proj(p: Proj):
+        return size(p.wt if p.wt is not None else p.w) + size(p.bias)
+
+    total = proj(w.lm_head) + size(w.norm)
     for layer in w.layers:
-        for t in vars(layer).values():
-            if t is not None:
-                total += t.numel() * t.element_size()
+        total += sum(proj(v) if isinstance(v, Proj) else size(v) for v in vars(layer).values())
     return total
 
 
@@ -267,6 +272,8 @@ def main(argv=None) -> None:
         r["memory_floor_ms"] = round(floor_ms, 2)
         r["floor_over_decode"] = round(floor_ms / decode_ms, 3)
         results["dtypes"].append(r)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))  # so far
     results["elapsed_s"] = round(time.perf_counter() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
