@@ -18,7 +18,7 @@ from actors.host import RequestHost
 from actors.leases import Leases, require_state
 from specdec.engine.loading import load_target, target_taps
 from specdec.engine.settings import GenerationParams
-from specdec.engine.workers import Draft, RoundResult, TargetWorker
+from specdec.engine.workers import Draft, OpenRequest, RoundResult, TargetWorker
 from specdec.models.registry import resolve_model_ref
 
 
@@ -45,11 +45,12 @@ class Verified:
 
 class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
-                 threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu"):
+                 threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu",
+                 kv_slots: int = 8):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
-        target = load_target(target_ref, drafter_ref, dtype, device)
+        target = load_target(target_ref, drafter_ref, dtype, device, kv_slots)
         self.worker = TargetWorker(target, features=bool(target_taps(drafter_ref)))
         self.leases = Leases(idle_ttl_s)
 
@@ -60,10 +61,10 @@ class TargetActor(RequestHost):
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> Opened:
         self.sweep()
         t0 = time.perf_counter()
-        features = self._guarded(rid, self.worker.open, rid, prompt_ids, params)
+        features = self._guarded(rid, self.worker.open, {rid: OpenRequest(prompt_ids, params)})[rid]
         return Opened(features, self.worker.room(rid), time.perf_counter() - t0)
 
     def verify(self, rid: str, draft: Draft) -> Verified:
         require_state(self.worker.requests, rid)
-        result = self._guarded(rid, self.worker.verify, rid, draft)
+        result = self._guarded(rid, self.worker.verify, {rid: draft})[rid]
         return Verified(result, self.worker.room(rid))

@@ -61,7 +61,7 @@ def spawn_actors(args: ServeArgs):
     ttl = args.limits.idle_ttl_s
     target = actor_class(TargetActor).options(**actor_options(args.target_resources, args)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
-        args.target_resources.threads, ttl, device_of(args.target_resources))
+        args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots)
     if args.drafter == "none":
         return target, None
     drafter = actor_class(DrafterActor).options(**actor_options(args.drafter_resources, args)).remote(

@@ -63,6 +63,9 @@ class Limits(Strict):
     idle_ttl_s: float = Field(600.0, ge=0)  # free state of requests idle this long (0 = never)
     reap_every_s: float = Field(30.0, ge=0)  # free orphaned request state this often (0 = never)
     max_body_bytes: PositiveInt = 1 << 20  # larger request bodies are refused with 413
+    # KV cache slots the target's runtime preallocates (one per open request; a full pool is a
+    # 503). Twice the concurrency: cancelled requests hold theirs until they are reaped.
+    kv_slots: PositiveInt = 32
 
 
 class ServeArgs(Strict):

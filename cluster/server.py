@@ -44,6 +44,7 @@ from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.stops import StopStrings
 from specdec.models.registry import resolve_model_ref
 from specdec.models.sources import resolve
+from specdec.runtime import PoolFull
 
 log = logging.getLogger("specdec.server")
 
@@ -55,6 +56,14 @@ def is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+
+def failure(e: Exception) -> wire.ApiError:
+    """A request that failed in an actor: a full KV pool is a 503 (retry later), the rest 500."""
+    if isinstance(e, PoolFull):  # Ray's task error is an instance of the actor's exception
+        return wire.ApiError(503, str(e), "server_overloaded", code="kv_cache_full")
+    return wire.ApiError(500, str(e), "server_error")
 
 
 class ClosingStream(StreamingResponse):
@@ -161,7 +170,7 @@ class Server:
                     pass
         except Exception as e:  # a failed or restarting actor: an error body, not a bare 500
             log.exception("request %s failed", job.rid)
-            error = wire.ApiError(500, str(e), "server_error")
+            error = failure(e)
             return JSONResponse(error.body(), status_code=error.status)
         finally:
             self._finish(job)
@@ -204,7 +213,7 @@ class Server:
                                              self._totals(job), chunk=True))
         except Exception as e:  # headers are sent: report in-band, as OpenAI does
             log.exception("request %s failed mid-stream", job.rid)
-            yield wire.sse(wire.ApiError(500, str(e), "server_error").body())
+            yield wire.sse(failure(e).body())
         finally:
             self._finish(job)
         yield wire.sse("[DONE]")

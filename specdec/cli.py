@@ -109,7 +109,7 @@ def run_generate(args) -> int:
         out = stream.result()
         print(json.dumps({"text": decode(out.token_ids, skip_special_tokens=True),
                           "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "stats": out.stats.to_dict()}))
+                          "stats": {**out.stats.to_dict(), "backend": pair.target.backend}}))
         return 0
     shown = ""
     for _ in stream:  # print text as it is committed, round by round

@@ -17,7 +17,7 @@ from specdec.engine.logprobs import TokenLogprobs
 from specdec.engine.settings import GenerationParams
 from specdec.engine.stats import RequestStats
 from specdec.engine.stops import StopStrings
-from specdec.engine.workers import Draft, DraftWorker, RoundResult, TargetWorker
+from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
 
@@ -176,7 +176,7 @@ class Engine:
     # ---- one request's lifecycle ------------------------------------------------------------
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams, gen: Progress):
         t0 = time.perf_counter()
-        features = self.target.open(rid, prompt_ids, params)
+        features = self.target.open({rid: OpenRequest(prompt_ids, params)})[rid]
         t1 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.open(rid, prompt_ids, features, params)
@@ -186,7 +186,7 @@ class Engine:
         """Draft, verify, commit; return the tokens this round added to the output."""
         room = self.target.room(rid)
         draft = self._draft(rid, gen.limit(room), gen)
-        result = self.target.verify(rid, draft)
+        result = self.target.verify({rid: draft})[rid]
         new = gen.settle(draft, result, room, self.eos)
         if gen.finish_reason is None and self.drafter is not None:
             t0 = time.perf_counter()

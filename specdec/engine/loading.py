@@ -58,10 +58,11 @@ def target_taps(drafter_ref: str) -> tuple[int, ...]:
 
 
 def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
-                device: str = "cpu") -> TargetModel:
-    """The target, tapping the layers that ``drafter_ref`` needs as features."""
+                device: str = "cpu", kv_slots: int = 8) -> TargetModel:
+    """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime it
+    holds at most ``kv_slots`` requests' KV caches at once."""
     return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=target_taps(drafter_ref),
-                                       device=device)
+                                       device=device, pool_size=kv_slots)
 
 
 def load_preverifier(ref: str | None, drafter: Drafter | None) -> PreVerifier | None:

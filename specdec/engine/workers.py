@@ -16,7 +16,7 @@ and the first round feeds only the draft -- plain decoding makes no more passes 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -73,32 +73,71 @@ def generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
     return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
 
 
+@dataclass(frozen=True)
+class OpenRequest:
+    """One request to prefill: what ``TargetWorker.open`` takes per request id."""
+
+    prompt_ids: list[int]
+    params: GenerationParams
+
+
 class TargetWorker:
+    """Batch-first: ``open`` and ``verify`` take and return dicts keyed by request id and run
+    ONE target forward for all the requests in the call (one request is a batch of one)."""
+
     def __init__(self, target: TargetModel, features: bool):
         self.target = target
         self.features = features  # whether the drafter needs tapped features
         self.requests: dict[str, TargetRequest] = {}
 
-    def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> torch.Tensor | None:
-        """Prefill the whole prompt; return the features of all its tokens but the last (the
-        pending one) for the drafter, and keep the last token's outputs for the first round."""
-        if rid in self.requests:
-            raise ValueError(f"request {rid!r} is already open")
-        spec = params.spec
-        verifier = make_verifier(spec.verifier_name(params.temperature),
-                                 **spec.verifier_params(params.temperature, **params.warp_params()))
-        state = self.target.new_state()
-        out = self.target.forward(state, prompt_ids, taps=self.features, last_logits_only=True)
-        _, target_gen = generators(params.seed)
-        primed = (out.logits[-1:], None if out.taps is None else out.taps[-1:])  # on its device
-        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=prompt_ids[-1],
-                                           primed=primed, logprobs=params.logprobs)
-        return None if out.taps is None else out.taps[:-1].cpu()
+    def open(self, batch: dict[str, OpenRequest]) -> dict[str, torch.Tensor | None]:
+        """Prefill each whole prompt; return per request the features of all its tokens but the
+        last (the pending one) for the drafter, and keep the last token's outputs for the first
+        round."""
+        for rid in batch:
+            if rid in self.requests:
+                raise ValueError(f"request {rid!r} is already open")
+        states = {}
+        try:
+            for rid in batch:
+                states[rid] = self.target.new_state()
+            outs = self.target.forward_batch(list(states.values()),
+                                             [batch[rid].prompt_ids for rid in states],
+                                             taps=self.features, last_logits_only=True)
+        except Exception:
+            for state in states.values():
+                self.target.release(state)
+            raise
+        features = {}
+        for (rid, state), out in zip(states.items(), outs, strict=True):
+            req = batch[rid]
+            spec = req.params.spec
+            verifier = make_verifier(spec.verifier_name(req.params.temperature),
+                                     **spec.verifier_params(req.params.temperature,
+                                                         **req.params.warp_params()))
+            _, target_gen = generators(req.params.seed)
+            primed = (out.logits[-1:], None if out.taps is None else out.taps[-1:])  # on its device
+            self.requests[rid] = TargetRequest(state, verifier, target_gen,
+                                               pending=req.prompt_ids[-1], primed=primed,
+                                               logprobs=req.params.logprobs)
+            features[rid] = None if out.taps is None else out.taps[:-1].cpu()
+        return features
 
-    def verify(self, rid: str, draft: Draft) -> RoundResult:
+    def verify(self, drafts: dict[str, Draft]) -> dict[str, RoundResult]:
+        """Score every request's draft in one forward, then verify and crop each."""
         t0 = time.perf_counter()
-        req = self.requests[rid]
-        logits, taps, passes = self._score(req, draft.tokens)
+        reqs = {rid: self.requests[rid] for rid in drafts}
+        scored = self._score(reqs, {rid: d.tokens for rid, d in drafts.items()})
+        shared = time.perf_counter() - t0  # the forward, split evenly among the requests
+        results = {}
+        for rid, draft in drafts.items():
+            t1 = time.perf_counter()
+            results[rid] = self._settle(reqs[rid], draft, *scored[rid])
+            results[rid] = replace(results[rid], target_s=shared / len(drafts)
+                                   + time.perf_counter() - t1)
+        return results
+
+    def _settle(self, req: TargetRequest, draft: Draft, logits, taps, passes) -> RoundResult:
         start = req.state.length - len(draft.tokens) - 1  # where the pending token sits
         # K+1 rows of logits are small next to a forward pass: verify on the CPU, where the
         # request's generator lives, whatever device the target runs on.
@@ -112,21 +151,32 @@ class TargetWorker:
         features = None if taps is None else taps[: verdict.accepted + 1].cpu()
         logprobs = None if req.logprobs is None else score(logits.cpu(), verdict.tokens, req.logprobs)
         return RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
-                           features, time.perf_counter() - t0, passes, logprobs)
+                           features, 0.0, passes, logprobs)
 
-    def _score(self, req: TargetRequest, drafts: list[int]):
-        """Target logits [K+1, V] and taps [K+1, F] (or None) at [pending, *drafts], and the
-        number of forwards that took; afterwards the cache holds them all."""
-        if req.primed is None:
-            out = self.target.forward(req.state, [req.pending, *drafts], taps=self.features)
-            return out.logits, out.taps, 1
-        logits, taps = req.primed
-        req.primed = None
-        if not drafts:
-            return logits, taps, 0
-        out = self.target.forward(req.state, drafts, taps=self.features)
-        both = None if taps is None else torch.cat([taps, out.taps])
-        return torch.cat([logits, out.logits]), both, 1
+    def _score(self, reqs: dict[str, TargetRequest], drafts: dict[str, list[int]]) -> dict:
+        """Per request: target logits [K+1, V] and taps [K+1, F] (or None) at [pending, *drafts],
+        and the number of forwards that took (0 or 1); afterwards the cache holds them all."""
+        scored, fed = {}, {}
+        for rid, req in reqs.items():
+            if req.primed is None:
+                fed[rid] = [req.pending, *drafts[rid]]
+            elif drafts[rid]:
+                fed[rid] = drafts[rid]
+            else:  # a first round with an empty draft: the prefill already scored it
+                scored[rid] = (*req.primed, 0)
+                req.primed = None
+        outs = self.target.forward_batch([reqs[rid].state for rid in fed], list(fed.values()),
+                                         taps=self.features) if fed else []
+        for rid, out in zip(fed, outs, strict=True):
+            req = reqs[rid]
+            if req.primed is None:
+                scored[rid] = (out.logits, out.taps, 1)
+                continue
+            logits, taps = req.primed
+            req.primed = None
+            both = None if taps is None else torch.cat([taps, out.taps])
+            scored[rid] = (torch.cat([logits, out.logits]), both, 1)
+        return scored
 
     def room(self, rid: str) -> int:
         """Draft tokens the context still has room for in the next round."""
@@ -135,7 +185,9 @@ class TargetWorker:
         return self.target.max_length - verified
 
     def close(self, rid: str) -> None:
-        self.requests.pop(rid, None)
+        req = self.requests.pop(rid, None)
+        if req is not None:
+            self.target.release(req.state)
 
 
 @dataclass

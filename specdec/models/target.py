@@ -1,5 +1,12 @@
 """The target model: an HF causal LM behind a small, explicit KV-cache API.
 
+Two backends behind one interface. Llama-family configs (``specdec.runtime.unsupported`` says
+which) run on specdec's own runtime: the weights are taken from the loaded transformers model,
+each request holds a slot of a preallocated KV pool (``pool_size`` slots; a full pool raises
+``PoolFull``), and ``forward_batch`` runs many requests in one ragged pass. Every other
+architecture runs on transformers' forward with a ``DynamicCache`` per request (a batch is then
+a loop). A log line says which backend a model runs on; ``backend`` names it.
+
 Per-request state lives in a ``TargetState`` that the caller owns (the engine, or a serving
 actor keyed by request id); ``TargetModel`` itself is stateless between calls, so one model
 serves many interleaved requests. The adapter can return the outputs of chosen layers ("taps"),
@@ -10,6 +17,9 @@ It knows nothing about drafting or verification.
 
 from __future__ import annotations
 
+import logging
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,14 +27,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_device, parse_dtype, resolve
+from specdec.runtime import Forward, KVPool, Row, Weights, unsupported
+
+log = logging.getLogger(__name__)
+BACKENDS = ("auto", "runtime", "transformers")
 
 
 @dataclass
 class TargetState:
-    """One request's KV cache. ``length`` tokens are cached (positions 0..length-1)."""
+    """One request's KV cache. ``length`` tokens are cached (positions 0..length-1): an HF
+    ``cache`` (transformers backend) or a KV pool ``slot`` (runtime backend), given back to the
+    pool by ``TargetModel.release`` or, failing that, when the state is garbage collected."""
 
-    cache: DynamicCache
+    cache: DynamicCache | None = None
     length: int = 0
+    slot: int | None = None
+    release: weakref.finalize | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,8 @@ def evenly_spaced_taps(num_layers: int, n: int) -> tuple[int, ...]:
 class TargetModel:
     """Prefill, extend by k tokens, crop; logits and hidden-state taps of every new position."""
 
-    def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = ()):
+    def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = (), backend: str = "auto",
+                 pool_size: int = 8):
         self.model = model.eval()
         self.tokenizer = tokenizer
         config = model.config
@@ -61,16 +80,24 @@ class TargetModel:
         if bad:
             raise ValueError(f"tap layers {bad} outside 0..{self.num_layers - 1}")
         self.tap_layers = tuple(tap_layers)
+        self.backend = pick_backend(config, backend)
+        self.runtime: Forward | None = None
+        if self.backend == "runtime":
+            weights = Weights.from_hf(model)
+            s = weights.shape
+            pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
+                          self.dtype, self.device)
+            self.runtime = Forward(weights, pool, self.tap_layers)
 
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),
-                        device="cpu"):
+                        device="cpu", backend: str = "auto", pool_size: int = 8):
         path = resolve(ref)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=parse_dtype(dtype), use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(model, tokenizer, tap_layers)
+        return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -82,7 +109,18 @@ class TargetModel:
         return frozenset([ids] if isinstance(ids, int) else ids)
 
     def new_state(self) -> TargetState:
-        return TargetState(cache=new_cache(self.model.config))
+        """A fresh request; on the runtime it takes a KV slot (``PoolFull`` when none is free)."""
+        if self.runtime is None:
+            return TargetState(cache=new_cache(self.model.config))
+        pool = self.runtime.pool
+        state = TargetState(slot=pool.acquire())
+        state.release = weakref.finalize(state, pool.release, state.slot)
+        return state
+
+    def release(self, state: TargetState) -> None:
+        """Give the request's KV slot back now (a no-op on transformers, or when done before)."""
+        if state.release is not None:
+            state.release()
 
     @torch.inference_mode()
     def forward(self, state: TargetState, ids: list[int], taps: bool = False,
@@ -90,11 +128,34 @@ class TargetModel:
         """Append ``ids`` to the request's cache; return logits (and taps) for the new positions.
         ``last_logits_only`` skips the lm_head for all but the last position (a prefill, whose
         logits nobody reads: for a 150-token prompt that is 4 GFLOP saved)."""
+        return self.forward_batch([state], [ids], taps, last_logits_only)[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, states: Sequence[TargetState], ids: Sequence[list[int]],
+                      taps: bool = False, last_logits_only: bool = False) -> list[TargetOutput]:
+        """``forward`` for many requests at once: one ragged pass on the runtime."""
+        for state, new in zip(states, ids, strict=True):
+            self._check(state, new)
+        if self.runtime is None:
+            return [self._hf_forward(s, new, taps, last_logits_only) for s, new in zip(states, ids, strict=True)]
+        want_taps = taps and bool(self.tap_layers)
+        rows = [Row(s.slot, new, logits_at=[len(new) - 1] if last_logits_only else range(len(new)),
+                    taps_at=range(len(new)) if want_taps else ())
+                for s, new in zip(states, ids, strict=True)]
+        outs = self.runtime(rows)
+        for state, new in zip(states, ids, strict=True):
+            state.length += len(new)
+        return [TargetOutput(o.logits, o.taps) for o in outs]
+
+    def _check(self, state: TargetState, ids: list[int]) -> None:
         if not ids:
             raise ValueError("forward needs at least one token")
         if state.length + len(ids) > self.max_length:
             raise ValueError(f"sequence of {state.length + len(ids)} tokens exceeds the "
                              f"model's context of {self.max_length}")
+
+    def _hf_forward(self, state: TargetState, ids: list[int], taps: bool,
+                    last_logits_only: bool) -> TargetOutput:
         out = cached_forward(self.model, ids, state.cache, hidden=taps and bool(self.tap_layers),
                              **({"logits_to_keep": 1} if last_logits_only else {}))
         state.length += len(ids)
@@ -108,7 +169,10 @@ class TargetModel:
         """Drop cached positions >= length (rejected draft tokens)."""
         if not 0 <= length <= state.length:
             raise ValueError(f"cannot crop a cache of {state.length} tokens to {length}")
-        crop_cache(state.cache, length)
+        if self.runtime is None:
+            crop_cache(state.cache, length)
+        else:
+            self.runtime.pool.crop(state.slot, length)
         state.length = length
 
     def embedding_weight(self) -> torch.Tensor:
@@ -119,3 +183,16 @@ class TargetModel:
 
     def final_norm(self) -> torch.nn.Module | None:
         return getattr(getattr(self.model, "model", None), "norm", None)
+
+
+def pick_backend(config, backend: str) -> str:
+    """``runtime`` for the Llama family, ``transformers`` otherwise (``auto``); logged."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown target backend {backend!r}; choose one of {BACKENDS}")
+    reason = unsupported(config)
+    if backend == "runtime" and reason:
+        raise ValueError(f"the runtime cannot run this model: {reason}")
+    chosen = "transformers" if backend == "transformers" or reason else "runtime"
+    why = f" ({reason})" if reason and backend == "auto" else ""
+    log.info("target %s runs on the %s backend%s", getattr(config, "model_type", "?"), chosen, why)
+    return chosen

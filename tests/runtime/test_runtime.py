@@ -1,0 +1,197 @@
+"""The runtime's forward against transformers' own, in float64: logits and taps within 1e-9.
+
+Each tiny model is built from a config (Llama with llama3 RoPE scaling and a tied lm_head,
+Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm and linear RoPE scaling) and compared with a
+cacheless HF forward over the whole sequence: prefill, decode, k-token append, crop-then-append,
+a ragged batch, a tree-masked append; plus the pool's limits and the unsupported fallback.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from specdec.runtime import Forward, KVPool, PoolFull, Row, Weights, unsupported
+from specdec.runtime.weights import inv_freq
+
+TOL = dict(rtol=0, atol=1e-9)
+TAPS = (0, 2)
+COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              initializer_range=0.2)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True, rope_scaling={
+        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}),
+    "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False,
+                                 rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def hf(request):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS[request.param](), dtype=torch.float64).eval()
+    if request.param == "qwen2":  # random biases, so a dropped bias cannot pass
+        with torch.no_grad():
+            for block in model.model.layers:
+                for proj in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    return model
+
+
+def make(model, slots: int = 4):
+    w = Weights.from_hf(model)
+    s = w.shape
+    pool = KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim, torch.float64)
+    return Forward(w, pool, TAPS), pool
+
+
+def reference(model, ids: list[int]):
+    """Cacheless HF forward: logits [n, V] and taps [n, 2H] for every position."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    taps = torch.cat([out.hidden_states[layer + 1][0] for layer in TAPS], dim=-1)
+    return out.logits[0], taps
+
+
+def append(fwd, slot, ids):
+    every = range(len(ids))
+    return fwd([Row(slot, ids, logits_at=every, taps_at=every)])[0]
+
+
+def seq(n, seed):
+    return torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_rope_frequencies_equal_transformers(hf):
+    torch.testing.assert_close(inv_freq(hf.config, Weights.from_hf(hf).shape.head_dim),
+                               hf.model.rotary_emb.inv_freq.float(), rtol=0, atol=0)
+
+
+def test_prefill_decode_and_append_equal_transformers(hf):
+    fwd, pool = make(hf)
+    ids = seq(40, 1)
+    slot = pool.acquire()
+    prefill = fwd([Row(slot, ids[:20], logits_at=[19], taps_at=range(20))])[0]
+    logits, taps = reference(hf, ids)
+    torch.testing.assert_close(prefill.logits, logits[19:20], **TOL)
+    torch.testing.assert_close(prefill.taps, taps[:20], **TOL)
+    one = append(fwd, slot, ids[20:21])  # a 1-token decode
+    torch.testing.assert_close(one.logits, logits[20:21], **TOL)
+    torch.testing.assert_close(one.taps, taps[20:21], **TOL)
+    k = append(fwd, slot, ids[21:40])  # a k-token append, past llama3's original context
+    torch.testing.assert_close(k.logits, logits[21:40], **TOL)
+    torch.testing.assert_close(k.taps, taps[21:40], **TOL)
+
+
+def test_crop_then_append_equals_transformers(hf):
+    fwd, pool = make(hf)
+    ids, other = seq(30, 2), seq(8, 3)
+    slot = pool.acquire()
+    append(fwd, slot, ids[:25])
+    pool.crop(slot, 12)
+    out = append(fwd, slot, ids[12:15] + other)
+    logits, taps = reference(hf, ids[:15] + other)
+    torch.testing.assert_close(out.logits, logits[12:], **TOL)
+    torch.testing.assert_close(out.taps, taps[12:], **TOL)
+
+
+def test_ragged_batch_equals_each_request_alone(hf):
+    fwd, pool = make(hf)
+    prompts = [seq(5, 4), seq(17, 5), seq(9, 6)]
+    news = [seq(1, 7), seq(6, 8), seq(3, 9)]
+    slots = [pool.acquire() for _ in prompts]
+    for slot, p in zip(slots, prompts, strict=True):
+        fwd([Row(slot, p, logits_at=[len(p) - 1])])
+    rows = [Row(s, n, logits_at=range(len(n)), taps_at=range(len(n)))
+            for s, n in zip(slots, news, strict=True)]
+    for row, out, p, n in zip(rows, fwd(rows), prompts, news, strict=True):
+        logits, taps = reference(hf, p + n)
+        torch.testing.assert_close(out.logits, logits[len(p):], **TOL)
+        torch.testing.assert_close(out.taps, taps[len(p):], **TOL)
+        assert pool.lengths[row.slot] == len(p) + len(n)
+
+
+def test_tree_masked_append_equals_each_branch_run_linearly(hf):
+    fwd, pool = make(hf)
+    prompt = seq(10, 10)
+    #        0
+    #      /   \
+    #     1     4
+    #    / \     \
+    #   2   3     5
+    parent = [-1, 0, 1, 1, 0, 4]
+    tokens = seq(6, 11)
+    n = len(parent)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            anc[i, j] = True
+            j = parent[j]
+    slot = pool.acquire()
+    fwd([Row(slot, prompt, logits_at=[9])])
+    out = fwd([Row(slot, tokens, logits_at=range(n), taps_at=range(n), ancestors=anc)])[0]
+    for leaf in (2, 3, 5):
+        branch = [j for j in range(n) if anc[leaf, j]]
+        logits, taps = reference(hf, prompt + [tokens[j] for j in branch])
+        torch.testing.assert_close(out.logits[branch], logits[len(prompt):], **TOL)
+        torch.testing.assert_close(out.taps[branch], taps[len(prompt):], **TOL)
+    # keep the accepted branch 0 -> 4 -> 5; the slot then equals that linear sequence
+    pool.keep(slot, len(prompt), [0, 4, 5])
+    probe = seq(2, 12)
+    logits, _ = reference(hf, prompt + [tokens[0], tokens[4], tokens[5]] + probe)
+    torch.testing.assert_close(append(fwd, slot, probe).logits, logits[-2:], **TOL)
+
+
+def test_full_pool_raises_and_freed_slots_are_reused(hf):
+    _, pool = make(hf, slots=2)
+    a, b = pool.acquire(), pool.acquire()
+    with pytest.raises(PoolFull, match="all 2 KV cache slots are in use"):
+        pool.acquire()
+    pool.release(a)
+    assert pool.acquire() == a and b != a
+
+
+def test_bad_rows_are_refused(hf):
+    fwd, pool = make(hf)
+    slot = pool.acquire()
+    with pytest.raises(ValueError, match="at least one new token"):
+        Row(slot, [], logits_at=[])
+    with pytest.raises(ValueError, match="outside the row"):
+        Row(slot, [1, 2], logits_at=[2])
+    with pytest.raises(ValueError, match="earlier tokens"):
+        Row(slot, [1, 2], logits_at=[0], ancestors=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="exceeds the KV slot"):
+        fwd([Row(slot, [1] * 129, logits_at=[0])])
+
+
+def test_unsupported_configs_say_why():
+    from transformers import GPT2Config
+
+    assert unsupported(CONFIGS["llama"]()) is None
+    assert "gpt2" in unsupported(GPT2Config())
+    assert "sliding" in unsupported(Qwen2Config(**COMMON, use_sliding_window=True))
+    yarn = LlamaConfig(**COMMON, rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    assert "yarn" in unsupported(yarn)
+
+
+def test_float32_single_row_copies_equal_the_reference(hf):
+    """The float32 fast path (x @ wt on [in, out] copies for one-row passes) against HF."""
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
+    model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
+    w = Weights.from_hf(model)
+    assert w.lm_head.wt is not None and w.layers[0].qkv.wt.shape == w.layers[0].qkv.w.T.shape
+    s = w.shape
+    fwd = Forward(w, KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
+    ids = seq(12, 13)
+    slot = fwd.pool.acquire()
+    prefill = fwd([Row(slot, ids[:11], logits_at=[10])])[0]  # one lm_head row: the copy
+    decode = fwd([Row(slot, ids[11:], logits_at=[0], taps_at=[0])])[0]  # every layer: the copy
+    logits, taps = reference(model, ids)
+    torch.testing.assert_close(prefill.logits, logits[10:11], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decode.logits, logits[11:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decode.taps, taps[11:], rtol=1e-4, atol=1e-4)
