@@ -60,6 +60,9 @@ class BenchmarkConfig(Strict):
     preverifier_no_position: str | None = None  # trained without position embedding (ablation)
     # the suffix drafter's offline index (a directory or models:/NAME@ALIAS); None: local tree only
     suffix_index: str | None = None
+    # suffix_warm's warm-up: the target's greedy outputs by prompt id (JSON {id: [token ids]},
+    # e.g. pipelines.suffix_replay's *-greedy.json); None: computed untimed with the plain engine
+    warm_outputs: str | None = None
     prompts: str = Field(default_factory=lambda: str(default_output("corpus") / "benchmark.parquet"))
     workloads: Workloads = Workloads()
     seed: int = 0  # the ShareGPT choice

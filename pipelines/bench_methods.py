@@ -16,9 +16,11 @@ is reset before it and read after it (Linux ``/proc``; None elsewhere). With a j
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -253,13 +255,24 @@ def greedy_outputs(engine, prompts: list[Prompt], n: int) -> dict[str, list[int]
     return {p.id: engine.generate(p.ids, GenerationParams(n)).token_ids for p in prompts}
 
 
+def recorded_outputs(path: str, prompts: list[Prompt]) -> dict[str, list[int]]:
+    """Greedy outputs recorded earlier ({prompt id: token ids}); every prompt must be there."""
+    outputs = json.loads(Path(path).read_text())
+    missing = [p.id for p in prompts if p.id not in outputs]
+    if missing:
+        raise ValueError(f"benchmark.warm_outputs: {path} has no output for {missing[:3]}")
+    return {p.id: list(outputs[p.id]) for p in prompts}
+
+
 def runners(methods: list[Method], models: Models, prompts: list[Prompt] | None = None,
-            max_new_tokens: int = 0) -> dict[str, Runner]:
-    """A runner per method; suffix_warm first computes every prompt's greedy output (untimed)."""
+            max_new_tokens: int = 0, warm_outputs: str | None = None) -> dict[str, Runner]:
+    """A runner per method; suffix_warm first gets every prompt's greedy output (recorded in
+    ``warm_outputs``, else computed untimed)."""
     out = {}
     for m in methods:
         if m.engine == "suffix_warm":
-            outputs = greedy_outputs(models.engines["plain"], prompts, max_new_tokens)
+            outputs = (recorded_outputs(warm_outputs, prompts) if warm_outputs else
+                       greedy_outputs(models.engines["plain"], prompts, max_new_tokens))
             out[m.name] = warm_runner(models.engines[m.engine], m.settings, prompts, outputs)
         elif m.engine:
             out[m.name] = engine_runner(models.engines[m.engine], m.settings)

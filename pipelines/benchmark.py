@@ -48,7 +48,7 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     torch.set_num_threads(cfg.torch_threads)
     engines = {m.engine for m in plan.methods if m.engine}
     models = bm.load_models(plan.refs, engines, cfg.dtype, cfg.device)
-    run = bm.runners(plan.methods, models, plan.prompts, cfg.max_new_tokens)
+    run = bm.runners(plan.methods, models, plan.prompts, cfg.max_new_tokens, cfg.warm_outputs)
     bm.warm_up(run, plan.prompts[0], cfg.warmup_tokens)
     key = fingerprint(cfg.model_dump(), [p.id for p in plan.prompts],
                       inputs(plan.methods, plan.refs))

@@ -79,25 +79,55 @@ def left_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, 
 def greedy_responses(target, prompts: list[list[int]], max_new_tokens: int, batch_size: int,
                      progress: bool = True) -> list[list[int]]:
     """The target's greedy continuation of every prompt (``target``: a ``TargetModel``), in the
-    order given; batches are formed over prompts sorted by length."""
-    eos = target.eos_token_ids
-    pad = target.tokenizer.pad_token_id
-    pad = pad if pad is not None else min(eos, default=0)
+    order given; batches are formed over prompts sorted by length. On the runtime backend a
+    batch is one ragged pass per step (no padding); on transformers, ``generate`` over a
+    left-padded batch."""
+    batch = runtime_greedy if target.backend == "runtime" else generate_greedy
+    if target.runtime is not None:
+        batch_size = min(batch_size, target.runtime.pool.slots)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int]] = [[] for _ in prompts]
     bar = tqdm(total=len(prompts), desc="responses", disable=not progress, mininterval=5)
     for at in range(0, len(order), batch_size):
         rows = order[at: at + batch_size]
-        ids, mask = left_pad([prompts[i] for i in rows], pad, target.device)
-        gen = target.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                    max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                    eos_token_id=sorted(eos) or None, top_p=None, top_k=None,
-                                    temperature=None)
-        for row, tokens in zip(rows, gen[:, ids.shape[1]:].tolist(), strict=True):
-            out[row] = cut_at_eos(tokens, eos, pad)
+        for row, tokens in zip(rows, batch(target, [prompts[i] for i in rows], max_new_tokens),
+                               strict=True):
+            out[row] = tokens
         bar.update(len(rows))
     bar.close()
     return out
+
+
+def runtime_greedy(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding of a batch on the runtime: one ragged prefill, then one pass a step over
+    the rows still running (a row stops at EOS, at ``max_new_tokens`` or at the context's end)."""
+    eos = target.eos_token_ids
+    states = [target.new_state() for _ in prompts]
+    try:
+        firsts = target.forward_batch(states, prompts, last_logits_only=True)
+        out = [[int(o.logits[-1].argmax())] for o in firsts]  # argmax: the first maximum on ties
+        while live := [i for i, toks in enumerate(out) if toks[-1] not in eos
+                       and len(toks) < max_new_tokens and states[i].length < target.max_length]:
+            steps = target.forward_batch([states[i] for i in live], [[out[i][-1]] for i in live])
+            for i, step in zip(live, steps, strict=True):
+                out[i].append(int(step.logits[-1].argmax()))
+    finally:
+        for state in states:
+            target.release(state)
+    return out
+
+
+def generate_greedy(target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding of a batch with transformers ``generate`` (left padding)."""
+    eos = target.eos_token_ids
+    pad = target.tokenizer.pad_token_id
+    pad = pad if pad is not None else min(eos, default=0)
+    ids, mask = left_pad(prompts, pad, target.device)
+    gen = target.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                eos_token_id=sorted(eos) or None, top_p=None, top_k=None,
+                                temperature=None)
+    return [cut_at_eos(tokens, eos, pad) for tokens in gen[:, ids.shape[1]:].tolist()]
 
 
 class Responder:
@@ -109,7 +139,8 @@ class Responder:
 
         self.cfg = ResponsesConfig.model_validate(config)
         torch.set_num_threads(self.cfg.actors.torch_threads)
-        self.target = TargetModel.from_pretrained(self.cfg.target, self.cfg.dtype, device=device)
+        self.target = TargetModel.from_pretrained(self.cfg.target, self.cfg.dtype, device=device,
+                                                  pool_size=self.cfg.actors.batch_size)
         self.deadline = deadline
 
     def __call__(self, batch: pa.Table) -> pa.Table:

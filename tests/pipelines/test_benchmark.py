@@ -310,3 +310,15 @@ def test_a_changed_config_does_not_reuse_the_journal(env, tmp_path):
     Journal(path, "a")
     path.write_text(path.read_text() + "{}\n")
     assert not Journal(path, "b").done and path.with_suffix(".stale").exists()
+
+
+def test_recorded_warm_outputs_cover_every_prompt(tmp_path):
+    prompts = [bench_methods.Prompt("HumanEval/0", "humaneval", [1, 2]),
+               bench_methods.Prompt("sharegpt/7", "sharegpt", [3])]
+    path = tmp_path / "greedy.json"
+    path.write_text(json.dumps({"HumanEval/0": [5, 6], "sharegpt/7": [7], "extra": [8]}))
+    assert bench_methods.recorded_outputs(str(path), prompts) == {"HumanEval/0": [5, 6],
+                                                                 "sharegpt/7": [7]}
+    path.write_text(json.dumps({"HumanEval/0": [5, 6]}))
+    with pytest.raises(ValueError, match="sharegpt/7"):
+        bench_methods.recorded_outputs(str(path), prompts)

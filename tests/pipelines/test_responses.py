@@ -37,9 +37,11 @@ def test_cut_at_eos():
     assert responses.cut_at_eos([], frozenset({2}), pad=0) == []
 
 
-def test_batched_responses_are_the_targets_greedy_decoding(tiny_llama):
-    target = TargetModel.from_pretrained(tiny_llama["target"], "float64")
-    prompts = [list(t) for t in TEXTS]  # lengths differ: every batch is left-padded
+@pytest.mark.parametrize("backend", ["runtime", "transformers"])
+def test_batched_responses_are_the_targets_greedy_decoding(tiny_llama, backend):
+    target = TargetModel.from_pretrained(tiny_llama["target"], "float64", backend=backend)
+    assert target.backend == backend
+    prompts = [list(t) for t in TEXTS]  # lengths differ: ragged on the runtime, left-padded on HF
     got = responses.greedy_responses(target, prompts, max_new_tokens=12, batch_size=3,
                                      progress=False)
     for prompt, response in zip(prompts, got, strict=True):
