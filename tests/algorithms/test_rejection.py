@@ -93,14 +93,20 @@ def sample_drafts(proposal: torch.Tensor, trials: int, gen: torch.Generator) -> 
     return drafts
 
 
-def chi_square(verifier, proposal: torch.Tensor, trials: int = TRIALS, seed: int = 1234) -> float:
-    """Pearson chi-square of the (t0, t1) counts against trials * p_0(t0) * p_1(t1); 15 dof."""
+def pair_counts(verifier, proposal: torch.Tensor, trials: int, seed: int) -> list[list[int]]:
+    """counts[t0][t1]: how often the first two committed tokens were (t0, t1) over ``trials``."""
     gen = torch.Generator().manual_seed(seed)
     drafts = sample_drafts(proposal, trials, gen)
     counts = [[0] * V for _ in range(V)]
     for t in range(trials):
         t0, t1 = first_two_tokens(verifier, proposal, {0: drafts[0][t], 1: drafts[1][t]}, gen)
         counts[t0][t1] += 1
+    return counts
+
+
+def chi_square(verifier, proposal: torch.Tensor, trials: int = TRIALS, seed: int = 1234) -> float:
+    """Pearson chi-square of the (t0, t1) counts against trials * p_0(t0) * p_1(t1); 15 dof."""
+    counts = pair_counts(verifier, proposal, trials, seed)
     p0, p1 = target_probs(0), target_probs(1)
     expected = [[trials * p0[a] * p1[b] for b in range(V)] for a in range(V)]
     assert min(min(row) for row in expected) >= 5  # the chi-square approximation holds
@@ -227,12 +233,7 @@ def warped_chi_square(verifier, w, proposal, trials: int = 5_000, seed: int = 99
     the statistic is inf when a token the warped target excludes was ever committed."""
     from specdec.algorithms.sampling import warp_reference
 
-    gen = torch.Generator().manual_seed(seed)
-    drafts = sample_drafts(proposal, trials, gen)
-    counts = [[0] * V for _ in range(V)]
-    for t in range(trials):
-        t0, t1 = first_two_tokens(verifier, proposal, {0: drafts[0][t], 1: drafts[1][t]}, gen)
-        counts[t0][t1] += 1
+    counts = pair_counts(verifier, proposal, trials, seed)
     p0, p1 = (warp_reference(TARGET[j].tolist(), w) for j in (0, 1))
     cells = [(a, b) for a in range(V) for b in range(V)]
     if any(counts[a][b] and p0[a] * p1[b] == 0 for a, b in cells):
