@@ -4,7 +4,9 @@ It loads the drafter (and the PACER pre-verifier, which runs here next to the dr
 states) from references and wraps ``specdec.engine.workers.DraftWorker``, the same code the
 single-process engine runs. Per-request drafter state is keyed by request id and freed on
 finish, error, cancel or idle TTL. One call per round: commit the previous round's result
-(if any), then draft the next one. It knows nothing about Ray or HTTP.
+(if any), then draft the next one. Concurrent calls are batched by a ``DraftScheduler``: the
+rounds of every waiting request run as one step (block-drafter forwards batched). It knows
+nothing about Ray or HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from actors.host import RequestHost
 from actors.leases import Leases, require_state
+from actors.scheduler import BatchingConfig, DraftCall, DraftScheduler
 from specdec.engine.loading import load_drafter_side, load_preverifier
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, DraftWorker, RoundResult
@@ -39,7 +42,8 @@ class DrafterInfo:
 class DrafterActor(RequestHost):
     def __init__(self, drafter_ref: str, target_ref: str, preverifier_ref: str | None = None,
                  dtype: str = "float32", threads: int = 1, idle_ttl_s: float = 600.0,
-                 device: str = "cpu", suffix: dict | None = None, block_drafter: str | None = None):
+                 device: str = "cpu", suffix: dict | None = None, block_drafter: str | None = None,
+                 batching: dict | None = None):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         drafter_ref, target_ref, preverifier_ref = (
@@ -52,20 +56,27 @@ class DrafterActor(RequestHost):
             raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
         self.worker = DraftWorker(drafter, load_preverifier(preverifier_ref, drafter))
         self.leases = Leases(idle_ttl_s)
+        self.scheduler = DraftScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> DrafterInfo:
         return DrafterInfo(self.worker.drafter.vocab_size, torch.get_num_threads())
 
     def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         self.sweep()
-        self._guarded(rid, self.worker.open, rid, prompt_ids, features, params)
+        self._guarded(rid, self._open, rid, prompt_ids, features, params)
+
+    def _open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
+        with self.scheduler.model_lock:
+            self.worker.open(rid, prompt_ids, features, params)
+        self.scheduler.opened(rid)
 
     def draft(self, rid: str, limit: int, commit: Commit | None = None) -> Draft:
         """Commit the previous round (when given), then draft up to ``limit`` tokens."""
         require_state(self.worker.requests, rid)
         self.leases.touch(rid)
-        if commit is not None:
-            self._guarded(rid, self.worker.commit, rid, commit.result, commit.drafted)
-        if limit < 1:
-            return Draft([], None)
-        return self._guarded(rid, self.worker.draft, rid, limit)
+        call = DraftCall(limit, None if commit is None else (commit.result, commit.drafted))
+        return self._guarded(rid, lambda: self.scheduler.draft(rid, call).result().value)
+
+    def close(self, rid: str) -> None:
+        self.scheduler.close(rid)
+        self.leases.drop(rid)

@@ -4,6 +4,10 @@ It loads the target model from a reference and wraps ``specdec.engine.workers.Ta
 the same code the single-process engine runs, so served tokens equal engine tokens. It holds
 every request's KV cache and ASD ledger by request id, frees them on finish, error, cancel or
 idle TTL, and returns only token ids, stats and a few feature rows (never logits).
+
+Calls run concurrently (Ray gives the actor a thread per call in flight); each submits its
+work to the ``TargetScheduler``, which verifies every waiting request's draft (and prefills
+new prompts, chunked) in one ragged forward: continuous batching.
 It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
 """
 
@@ -16,6 +20,7 @@ import torch
 
 from actors.host import RequestHost
 from actors.leases import Leases, require_state
+from actors.scheduler import BatchingConfig, StepInfo, TargetScheduler
 from specdec.engine.loading import load_target, target_taps
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, OpenRequest, RoundResult, TargetWorker
@@ -35,24 +40,29 @@ class Opened:
     features: torch.Tensor | None  # [len(prompt) - 1, F] taps for a block drafter, else None
     room: int  # draft tokens the context has room for in the first round
     target_s: float
+    draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
+    step: StepInfo | None = None
 
 
 @dataclass(frozen=True)
 class Verified:
     result: RoundResult
     room: int  # draft tokens the context has room for in the next round
+    draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
+    step: StepInfo | None = None
 
 
 class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                  threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu",
-                 kv_slots: int = 8):
+                 kv_slots: int = 8, batching: dict | None = None):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
         target = load_target(target_ref, drafter_ref, dtype, device, kv_slots)
         self.worker = TargetWorker(target, features=bool(target_taps(drafter_ref)))
         self.leases = Leases(idle_ttl_s)
+        self.scheduler = TargetScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> TargetInfo:
         t = self.worker.target
@@ -61,10 +71,18 @@ class TargetActor(RequestHost):
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> Opened:
         self.sweep()
         t0 = time.perf_counter()
-        features = self._guarded(rid, self.worker.open, {rid: OpenRequest(prompt_ids, params)})[rid]
-        return Opened(features, self.worker.room(rid), time.perf_counter() - t0)
+        done = self._guarded(rid, self._wait, self.scheduler.open(rid, OpenRequest(prompt_ids, params)))
+        return Opened(done.value, done.room, time.perf_counter() - t0, done.draft_cap, done.info)
 
     def verify(self, rid: str, draft: Draft) -> Verified:
         require_state(self.worker.requests, rid)
-        result = self._guarded(rid, self.worker.verify, {rid: draft})[rid]
-        return Verified(result, self.worker.room(rid))
+        done = self._guarded(rid, self._wait, self.scheduler.verify(rid, draft))
+        return Verified(done.value, done.room, done.draft_cap, done.info)
+
+    def close(self, rid: str) -> None:
+        self.scheduler.close(rid)
+        self.leases.drop(rid)
+
+    @staticmethod
+    def _wait(future):
+        return future.result()

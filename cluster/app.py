@@ -45,10 +45,12 @@ def actor_options(resources: Resources, args: ServeArgs) -> dict:
             "max_restarts": -1, "max_task_retries": 0, "runtime_env": runtime_env(args)}
 
 
-def actor_class(cls: type):
-    """``cls`` as a Ray actor class: model calls keep the default group's single thread, state
-    reads (``cluster.orchestrator.control``) get a thread of their own."""
-    return ray.remote(concurrency_groups={CONTROL_GROUP: 1})(cls)
+def actor_class(cls: type, calls: int = 1):
+    """``cls`` as a Ray actor class running up to ``calls`` calls at once (serving gives it one
+    per request that may hold state, and a few for closes, so concurrent calls meet in the
+    actor's batching scheduler); state reads (``cluster.orchestrator.control``) get a thread
+    of their own."""
+    return ray.remote(concurrency_groups={CONTROL_GROUP: 1}, max_concurrency=calls)(cls)
 
 
 def device_of(resources: Resources) -> str:
@@ -59,14 +61,19 @@ def device_of(resources: Resources) -> str:
 def spawn_actors(args: ServeArgs):
     """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
     ttl = args.limits.idle_ttl_s
-    target = actor_class(TargetActor).options(**actor_options(args.target_resources, args)).remote(
+    batching, calls = args.batching.actor_config(), args.limits.kv_slots + 8
+    target = actor_class(TargetActor, calls).options(
+        **actor_options(args.target_resources, args)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
-        args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots)
+        args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
+        batching)
     if args.drafter == "none":
         return target, None
-    drafter = actor_class(DrafterActor).options(**actor_options(args.drafter_resources, args)).remote(
+    drafter = actor_class(DrafterActor, calls).options(
+        **actor_options(args.drafter_resources, args)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
-        ttl, device_of(args.drafter_resources), args.suffix.model_dump(), args.block_drafter)
+        ttl, device_of(args.drafter_resources), args.suffix.model_dump(), args.block_drafter,
+        batching)
     return target, drafter
 
 
@@ -114,8 +121,10 @@ class ServedServer(Server):
 def build_app(args: dict) -> serve.Application:
     config = resolve_references(ServeArgs.model_validate(args))
     limit = config.limits.max_concurrent_requests
+    replicas = ({"autoscaling_config": config.autoscaling_config}
+                if config.autoscaling_config is not None else {"num_replicas": config.num_replicas})
     deployment = serve.deployment(
-        serve.ingress()(ServedServer), name="specdec",
+        serve.ingress()(ServedServer), name="specdec", **replicas,
         # Serve lets a few more in than the limit, so the server itself answers them with a
         # JSON 503 instead of Serve queueing them.
         max_ongoing_requests=limit + 8,

@@ -2,9 +2,10 @@
 
 ``ServeMetrics`` is the orchestrator's observer: it counts requests, rounds, drafted and
 accepted tokens, and records histograms of the accepted length and the draft length per round
-and of the time per round spent in the drafter and the target. It also keeps plain running
-totals that ``GET /debug/metrics`` returns, so the plumbing can be checked without a
-Prometheus scrape.
+and of the time per round spent in the drafter and the target; for the target's continuous
+batching, per step the requests and tokens in it, per call its queue wait, and the KV slots in
+use. It also keeps plain running totals that ``GET /debug/metrics`` returns (with the batch
+means), so the plumbing can be checked without a Prometheus scrape.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from ray.util import metrics
 
 LENGTH_BOUNDARIES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
 SECONDS_BOUNDARIES = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+TOKENS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+QUEUE_BOUNDARIES = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
 
 
 class ServeMetrics:
@@ -44,6 +47,14 @@ class ServeMetrics:
                                    SECONDS_BOUNDARIES)
         self.target_s = histogram("round_target_seconds", "target time per round",
                                   SECONDS_BOUNDARIES)
+        self.batch_size = histogram("batch_size", "requests per target step", LENGTH_BOUNDARIES)
+        self.step_tokens = histogram("step_tokens", "tokens fed per target step",
+                                     TOKENS_BOUNDARIES)
+        self.queue_s = histogram("queue_wait_seconds", "wait of a target call for its step",
+                                 QUEUE_BOUNDARIES)
+        self.slots_used = metrics.Gauge("specdec_kv_slots_used", description="KV slots in use "
+                                        "after the last target step", tag_keys=("model",))
+        self.slots_used.set_default_tags(tags)
 
     def round(self, draft, result, seconds: float) -> None:
         """One verified round: draft is a workers.Draft, result a workers.RoundResult."""
@@ -60,9 +71,28 @@ class ServeMetrics:
         self.totals.update(rounds=1, drafted=drafted, accepted=accepted,
                            committed=len(result.tokens))
 
+    def step(self, info) -> None:
+        """One target step (an ``actors.scheduler.StepInfo``), observed once."""
+        self.batch_size.observe(info.batch)
+        self.step_tokens.observe(info.tokens)
+        self.slots_used.set(info.slots_used)
+        self.totals.update(steps=1, step_requests=info.batch, step_tokens=info.tokens)
+        self.totals["slots_used"] = info.slots_used
+
+    def queued(self, seconds: float) -> None:
+        self.queue_s.observe(seconds)
+        self.totals.update(queued_calls=1)
+        self.totals["queue_wait_s"] += seconds
+
     def finished(self, progress) -> None:
         self.requests.inc()
         self.totals.update(requests=1)
 
     def snapshot(self) -> dict:
-        return dict(self.totals)
+        out = dict(self.totals)
+        if self.totals["steps"]:
+            out["mean_batch_size"] = self.totals["step_requests"] / self.totals["steps"]
+            out["mean_step_tokens"] = self.totals["step_tokens"] / self.totals["steps"]
+        if self.totals["queued_calls"]:
+            out["mean_queue_wait_s"] = self.totals["queue_wait_s"] / self.totals["queued_calls"]
+        return out

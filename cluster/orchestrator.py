@@ -4,7 +4,9 @@ Per round: draft on the drafter actor (which first commits the previous round's 
 on the target actor, then settle with the engine's own ``Progress`` (the same limit, truncation
 and stats code as ``specdec.engine.engine.Engine``), so served tokens equal engine tokens. Two
 actor calls per round; only token ids, stats and a few feature rows cross. Many requests run
-concurrently on one event loop and interleave their rounds on the actors.
+concurrently on one event loop; the actors batch the calls that wait at the same time (one
+target forward verifies them all), and each answer carries the load-aware cap on the next
+draft, which shrinks as the batch grows.
 ``reap`` frees state an actor holds for a request with no running loop (an orphan: a loop whose
 ``finally`` never ran), so no path leaves state behind for longer than one reaping period.
 This module knows nothing about HTTP or tokenisation.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 
 from actors.drafter import Commit
@@ -55,7 +58,10 @@ class Orchestrator:
         self.target = target  # Ray actor handle of a TargetActor
         self.drafter = drafter  # Ray actor handle of a DrafterActor, or None (plain decoding)
         self.eos = eos_token_ids
-        self.observer = observer  # optional: .round(draft, result, seconds), .finished(progress)
+        # optional: .round(draft, result, seconds), .finished(progress), and for the target's
+        # batching .step(StepInfo) once per step and .queued(seconds) once per target call
+        self.observer = observer
+        self.seen_steps: deque[int] = deque(maxlen=256)  # recent target steps already observed
         self.live: set[str] = set()  # requests whose loop is running
 
     async def run(self, rid: str, progress: Progress) -> AsyncIterator[list[int]]:
@@ -64,17 +70,19 @@ class Orchestrator:
         t0 = time.perf_counter()
         self.live.add(rid)
         try:
-            room = await self._open(rid, progress)
-            commit = None
+            opened = await self._open(rid, progress)
+            room, cap, commit = opened.room, opened.draft_cap, None
             while progress.finish_reason is None:
                 t1 = time.perf_counter()
-                draft = await self._draft(rid, progress, room, commit)
+                draft = await self._draft(rid, progress, room, cap, commit)
                 verified = await self.target.verify.remote(rid, draft)
                 new = progress.settle(draft, verified.result, room, self.eos)
                 commit, room = Commit(verified.result, len(draft.tokens)), verified.room
+                cap = verified.draft_cap
                 progress.stats.total_s = time.perf_counter() - t0
                 if self.observer is not None:
                     self.observer.round(draft, verified.result, time.perf_counter() - t1)
+                self._observe(verified.step)
                 if new:
                     yield new
         finally:
@@ -84,21 +92,32 @@ class Orchestrator:
             if self.observer is not None:
                 self.observer.finished(progress)
 
-    async def _open(self, rid: str, progress: Progress) -> int:
+    async def _open(self, rid: str, progress: Progress):
         opened = await self.target.open.remote(rid, progress.prompt_ids, progress.params)
         t0 = time.perf_counter()
         if self.drafter is not None:
             await self.drafter.open.remote(rid, progress.prompt_ids, opened.features,
                                            progress.params)
         progress.opened(target_s=opened.target_s, drafter_s=time.perf_counter() - t0)
-        return opened.room
+        self._observe(opened.step)
+        return opened
 
-    async def _draft(self, rid: str, progress: Progress, room: int, commit: Commit | None) -> Draft:
+    async def _draft(self, rid: str, progress: Progress, room: int, cap: int | None,
+                     commit: Commit | None) -> Draft:
         if self.drafter is None:
             return Draft([], None)
-        draft = await self.drafter.draft.remote(rid, progress.limit(room), commit)
+        limit = progress.limit(room) if cap is None else min(progress.limit(room), cap)
+        draft = await self.drafter.draft.remote(rid, limit, commit)
         progress.drafted(draft)
         return draft
+
+    def _observe(self, info) -> None:
+        if self.observer is None or info is None:
+            return
+        self.observer.queued(info.queue_s)
+        if info.step not in self.seen_steps:  # every request of a step reports it
+            self.seen_steps.append(info.step)
+            self.observer.step(info)
 
     def close(self, rid: str) -> None:
         """Free the request in both actors, soon and ``detached`` from any request. Fire and

@@ -12,6 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from actors.scheduler import BatchingConfig
+
+BATCHING = BatchingConfig()
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,6 +72,25 @@ class Limits(Strict):
     kv_slots: PositiveInt = 32
 
 
+class Batching(Strict):
+    """Continuous batching in the actors (``actors.scheduler``, whose ``BatchingConfig`` holds
+    the defaults); ``max_batch: 1`` turns it off."""
+
+    max_batch: PositiveInt = BATCHING.max_batch  # requests per step
+    # target tokens per step; longer prompts are prefilled in chunks
+    token_budget: PositiveInt = BATCHING.token_budget
+    # longest wait for running requests' work before a step
+    gather_ms: float = Field(BATCHING.gather_s * 1000, ge=0)
+    # load-aware speculation: {batch size from: longest draft}; the largest size <= the running
+    # requests applies (none: the request's own limit)
+    draft_caps: dict[PositiveInt, PositiveInt] = {}
+
+    def actor_config(self) -> dict:
+        """The ``actors.scheduler.BatchingConfig`` fields."""
+        return {"max_batch": self.max_batch, "token_budget": self.token_budget,
+                "gather_s": self.gather_ms / 1000, "draft_caps": dict(self.draft_caps)}
+
+
 class ServeArgs(Strict):
     target: str  # model reference: a named source, a directory, a hub id, or tiny:DIR/target
     drafter: str = "ngram"  # none | ngram | suffix | hybrid | self | a block-drafter dir | an AR LM
@@ -81,6 +104,11 @@ class ServeArgs(Strict):
     drafter_resources: Resources = Resources(num_cpus=0.5)
     server_num_cpus: float = Field(0.5, ge=0)  # the ingress/orchestrator replica
     limits: Limits = Limits()
+    batching: Batching = Batching()
+    # Serve replicas of the app; each runs its own target and drafter actors. A number, or
+    # autoscaling_config (Serve's: min_replicas, max_replicas, target_ongoing_requests, ...).
+    num_replicas: PositiveInt = 1
+    autoscaling_config: dict | None = None
     # Local model directories must lie under one of these (empty: any existing directory).
     model_roots: tuple[str, ...] = ()
     # The MLflow store that models:/NAME@ALIAS references resolve in (every actor and the
@@ -89,6 +117,12 @@ class ServeArgs(Strict):
     # Bearer key every route but /health requires; None: $SPECDEC_API_KEY, unset: no key.
     api_key: str | None = Field(None, repr=False)
     metrics_public: bool = False  # True: GET /metrics answers without the key (for scrapers)
+
+    @model_validator(mode="after")
+    def _replicas(self):
+        if self.autoscaling_config is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        return self
 
     @model_validator(mode="after")
     def _hybrid_parts(self):

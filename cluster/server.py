@@ -19,6 +19,7 @@ import asyncio
 import contextvars
 import logging
 import math
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -79,6 +80,9 @@ class ClosingStream(StreamingResponse):
                 await self.body_iterator.aclose()
 
 
+REPLICA_HEADER = "x-specdec-replica"
+
+
 class Server:
     def __init__(self, args: dict, spawn, observer=None):
         self.args = ServeArgs.model_validate(args)
@@ -89,7 +93,7 @@ class Server:
         self.tokenizer = AutoTokenizer.from_pretrained(resolve(resolve_model_ref(self.args.target)))
         self.model_id = self.args.served_model_id
         self.observer = observer  # the Ray metrics (``GET /debug/metrics`` has their totals)
-        self.prometheus = ApiMetrics(self.model_id)  # ``GET /metrics``
+        self.prometheus = ApiMetrics(self.model_id, self.args.limits.kv_slots)  # ``GET /metrics``
         self.orchestrator = Orchestrator(self.target, self.drafter, self.info.eos_token_ids,
                                          Fanout(observer, self.prometheus))
         self.slots: set[str] = set()  # request ids holding a concurrency slot
@@ -128,10 +132,12 @@ class Server:
     async def chat_completions(self, request: Request):
         return await self._serve(request, chat=True)
 
-    async def active(self) -> dict:
-        """Request ids holding state in each actor (for tests and operators)."""
+    async def active(self) -> JSONResponse:
+        """Request ids holding state in each actor of this replica, for tests and operators;
+        the ``x-specdec-replica`` header (the replica's process id) tells replicas apart."""
         drafter = [] if self.drafter is None else await control(self.drafter.active).remote()
-        return {"target": await control(self.target.active).remote(), "drafter": drafter}
+        return JSONResponse({"target": await control(self.target.active).remote(),
+                             "drafter": drafter}, headers={REPLICA_HEADER: str(os.getpid())})
 
     async def actors(self) -> dict:
         """Process id and resident memory of each actor (for tests and operators)."""

@@ -16,7 +16,7 @@ and the first round feeds only the draft -- plain decoding makes no more passes 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from specdec.algorithms.verify import Verifier, make_verifier
 from specdec.engine.logprobs import TokenLogprobs, score
 from specdec.engine.settings import GenerationParams
 from specdec.models.drafter import DraftBlock, Drafter
-from specdec.models.target import TargetModel, TargetState
+from specdec.models.target import TargetModel, TargetOutput, TargetState
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,11 @@ class TargetRequest:
     verifier: Verifier
     generator: torch.Generator
     pending: int  # last verified token, not yet in the cache (see ``primed``)
+    # While the prompt is prefilled (possibly in chunks over several steps): the prompt, the
+    # tokens of it cached so far and their taps. ``prompt`` is None once the prefill is done.
+    prompt: list[int] | None = None
+    prefilled: int = 0
+    prefill_taps: list[torch.Tensor] = field(default_factory=list)
     # Until the first round: the prefill's outputs at the pending token, which it did cache
     # (logits [1, V], taps [1, F] or None).
     primed: tuple[torch.Tensor, torch.Tensor | None] | None = None
@@ -81,61 +86,162 @@ class OpenRequest:
     params: GenerationParams
 
 
+@dataclass
+class StepResult:
+    """What one ``TargetWorker.step`` did, per request id: prefills that finished (the features
+    for the drafter), verified rounds, and the requests that failed (their state is freed)."""
+
+    opened: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    verified: dict[str, RoundResult] = field(default_factory=dict)
+    failed: dict[str, Exception] = field(default_factory=dict)
+    forward_s: float = 0.0  # the one shared forward
+    tokens: int = 0  # tokens it fed
+
+
 class TargetWorker:
-    """Batch-first: ``open`` and ``verify`` take and return dicts keyed by request id and run
-    ONE target forward for all the requests in the call (one request is a batch of one)."""
+    """Batch-first: a *step* runs ONE target forward over pieces of work of many requests --
+    prefill chunks of newly admitted ones and the drafts of running ones -- then verifies and
+    crops each request on its own (one request is a batch of one). ``open`` and ``verify`` are
+    the whole-prompt and verify-only steps the single-process engine uses; a serving scheduler
+    (``actors.scheduler``) calls ``admit`` and ``step`` directly."""
 
     def __init__(self, target: TargetModel, features: bool):
         self.target = target
         self.features = features  # whether the drafter needs tapped features
         self.requests: dict[str, TargetRequest] = {}
 
+    # ---- the engine's calls: whole prompts, or verifies only --------------------------------
     def open(self, batch: dict[str, OpenRequest]) -> dict[str, torch.Tensor | None]:
         """Prefill each whole prompt; return per request the features of all its tokens but the
         last (the pending one) for the drafter, and keep the last token's outputs for the first
-        round."""
-        for rid in batch:
-            if rid in self.requests:
-                raise ValueError(f"request {rid!r} is already open")
-        states = {}
+        round. All or nothing: if one fails, none stays open."""
+        admitted = []
         try:
-            for rid in batch:
-                states[rid] = self.target.new_state()
-            outs = self.target.forward_batch(list(states.values()),
-                                             [batch[rid].prompt_ids for rid in states],
-                                             taps=self.features, last_logits_only=True)
+            for rid, req in batch.items():
+                self.admit(rid, req)
+                admitted.append(rid)
+            out = self.step(prefill={rid: len(batch[rid].prompt_ids) for rid in batch})
         except Exception:
-            for state in states.values():
-                self.target.release(state)
+            for rid in admitted:
+                self.close(rid)
             raise
-        features = {}
-        for (rid, state), out in zip(states.items(), outs, strict=True):
-            req = batch[rid]
+        if out.failed:
+            for rid in admitted:
+                self.close(rid)
+            raise next(iter(out.failed.values()))
+        return out.opened
+
+    def verify(self, drafts: dict[str, Draft]) -> dict[str, RoundResult]:
+        """Score every request's draft in one forward, then verify and crop each."""
+        out = self.step(drafts=drafts)
+        if out.failed:
+            raise next(iter(out.failed.values()))
+        return out.verified
+
+    # ---- the scheduler's calls --------------------------------------------------------------
+    def admit(self, rid: str, req: OpenRequest) -> None:
+        """Take a KV slot (``PoolFull`` when none is free) and the request's verifier; its
+        prompt is then prefilled by ``step`` calls, whole or in chunks."""
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r} is already open")
+        state = self.target.new_state()
+        try:
             spec = req.params.spec
             verifier = make_verifier(spec.verifier_name(req.params.temperature),
                                      **spec.verifier_params(req.params.temperature,
                                                          **req.params.warp_params()))
-            _, target_gen = generators(req.params.seed)
-            primed = (out.logits[-1:], None if out.taps is None else out.taps[-1:])  # on its device
-            self.requests[rid] = TargetRequest(state, verifier, target_gen,
-                                               pending=req.prompt_ids[-1], primed=primed,
-                                               logprobs=req.params.logprobs)
-            features[rid] = None if out.taps is None else out.taps[:-1].cpu()
-        return features
+        except Exception:
+            self.target.release(state)
+            raise
+        _, target_gen = generators(req.params.seed)
+        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=req.prompt_ids[-1],
+                                           prompt=list(req.prompt_ids),
+                                           logprobs=req.params.logprobs)
 
-    def verify(self, drafts: dict[str, Draft]) -> dict[str, RoundResult]:
-        """Score every request's draft in one forward, then verify and crop each."""
-        t0 = time.perf_counter()
-        reqs = {rid: self.requests[rid] for rid in drafts}
-        scored = self._score(reqs, {rid: d.tokens for rid, d in drafts.items()})
-        shared = time.perf_counter() - t0  # the forward, split evenly among the requests
-        results = {}
+    def prefill_left(self, rid: str) -> int:
+        """Prompt tokens of an admitted request not prefilled yet (0 once it is open)."""
+        req = self.requests[rid]
+        return 0 if req.prompt is None else len(req.prompt) - req.prefilled
+
+    def step(self, prefill: dict[str, int] | None = None,
+             drafts: dict[str, Draft] | None = None) -> StepResult:
+        """One forward: the next ``prefill[rid]`` prompt tokens of each prefilling request and
+        [pending, *draft] of each verifying one. A request that fails (a draft past the context,
+        a verifier error) is closed and reported in ``failed``; the others go on."""
+        prefill, drafts = prefill or {}, drafts or {}
+        out = StepResult()
+        feeds = {}  # rid -> (ids, last logits only)
+        for rid, n in prefill.items():
+            req = self.requests[rid]
+            lo = req.prefilled
+            feeds[rid] = (req.prompt[lo:lo + n], True)
         for rid, draft in drafts.items():
+            req = self.requests[rid]
+            if req.prompt is not None:
+                raise ValueError(f"request {rid!r} is still prefilling")
+            if req.primed is not None and not draft.tokens:
+                continue  # a first round with an empty draft: the prefill already scored it
+            ids = draft.tokens if req.primed is not None else [req.pending, *draft.tokens]
+            feeds[rid] = (ids, False)
+        for rid in list(feeds):  # a request that cannot extend fails alone, before the forward
+            try:
+                self.target.check(self.requests[rid].state, feeds[rid][0])
+            except ValueError as e:
+                del feeds[rid]
+                self._fail(out, rid, e)
+        t0 = time.perf_counter()
+        outs = self.target.forward_batch(
+            [self.requests[rid].state for rid in feeds], [ids for ids, _ in feeds.values()],
+            taps=self.features, last_logits_only=[last for _, last in feeds.values()],
+        ) if feeds else []
+        out.forward_s, out.tokens = time.perf_counter() - t0, sum(len(i) for i, _ in feeds.values())
+        scored = dict(zip(feeds, outs, strict=True))
+        for rid in prefill:
+            if rid in scored:
+                self._prefilled(out, rid, len(feeds[rid][0]), scored[rid])
+        for rid, draft in drafts.items():
+            if rid in out.failed:
+                continue
             t1 = time.perf_counter()
-            results[rid] = self._settle(reqs[rid], draft, *scored[rid])
-            results[rid] = replace(results[rid], target_s=shared / len(drafts)
-                                   + time.perf_counter() - t1)
-        return results
+            req = self.requests[rid]
+            try:
+                result = self._settle(req, draft, *self._scored(req, scored.get(rid)))
+            except Exception as e:  # noqa: BLE001 -- one request's error ends that request only
+                self._fail(out, rid, e)
+                continue
+            out.verified[rid] = replace(result, target_s=out.forward_s + time.perf_counter() - t1)
+        return out
+
+    def _fail(self, out: StepResult, rid: str, error: Exception) -> None:
+        out.failed[rid] = error
+        self.close(rid)
+
+    def _prefilled(self, out: StepResult, rid: str, fed: int, scored: TargetOutput) -> None:
+        """Account for a prefill chunk; once the whole prompt is cached, the request is open:
+        the drafter gets the taps of all prompt tokens but the last, and the last token's
+        outputs wait (``primed``) for the first round."""
+        req = self.requests[rid]
+        req.prefilled += fed
+        if scored.taps is not None:
+            req.prefill_taps.append(scored.taps)
+        if req.prefilled < len(req.prompt):
+            return
+        taps = torch.cat(req.prefill_taps) if req.prefill_taps else None
+        req.primed = (scored.logits[-1:], None if taps is None else taps[-1:])  # on its device
+        req.prompt, req.prefill_taps = None, []
+        out.opened[rid] = None if taps is None else taps[:-1].cpu()
+
+    @staticmethod
+    def _scored(req: TargetRequest, out: TargetOutput | None):
+        """Target logits [K+1, V] and taps [K+1, F] (or None) at [pending, *draft], and the
+        forwards that took (0: a first round with an empty draft, which the prefill scored)."""
+        if req.primed is None:
+            return out.logits, out.taps, 1
+        (logits, taps), req.primed = req.primed, None
+        if out is None:
+            return logits, taps, 0
+        both = None if taps is None else torch.cat([taps, out.taps])
+        return torch.cat([logits, out.logits]), both, 1
 
     def _settle(self, req: TargetRequest, draft: Draft, logits, taps, passes) -> RoundResult:
         start = req.state.length - len(draft.tokens) - 1  # where the pending token sits
@@ -152,31 +258,6 @@ class TargetWorker:
         logprobs = None if req.logprobs is None else score(logits.cpu(), verdict.tokens, req.logprobs)
         return RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
                            features, 0.0, passes, logprobs)
-
-    def _score(self, reqs: dict[str, TargetRequest], drafts: dict[str, list[int]]) -> dict:
-        """Per request: target logits [K+1, V] and taps [K+1, F] (or None) at [pending, *drafts],
-        and the number of forwards that took (0 or 1); afterwards the cache holds them all."""
-        scored, fed = {}, {}
-        for rid, req in reqs.items():
-            if req.primed is None:
-                fed[rid] = [req.pending, *drafts[rid]]
-            elif drafts[rid]:
-                fed[rid] = drafts[rid]
-            else:  # a first round with an empty draft: the prefill already scored it
-                scored[rid] = (*req.primed, 0)
-                req.primed = None
-        outs = self.target.forward_batch([reqs[rid].state for rid in fed], list(fed.values()),
-                                         taps=self.features) if fed else []
-        for rid, out in zip(fed, outs, strict=True):
-            req = reqs[rid]
-            if req.primed is None:
-                scored[rid] = (out.logits, out.taps, 1)
-                continue
-            logits, taps = req.primed
-            req.primed = None
-            both = None if taps is None else torch.cat([taps, out.taps])
-            scored[rid] = (torch.cat([logits, out.logits]), both, 1)
-        return scored
 
     def room(self, rid: str) -> int:
         """Draft tokens the context still has room for in the next round."""
@@ -254,6 +335,9 @@ class DraftWorker:
         elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
         source = getattr(req.state, "source", None) if tokens else None
         return Draft(tokens, probs, drafter_s=elapsed - pre, preverifier_s=pre, source=source)
+
+    def draft_batch(self, limits: dict[str, int]) -> dict[str, Draft]:
+        return {rid: self.draft(rid, limit) for rid, limit in limits.items()}
 
     def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
         req = self.requests[rid]

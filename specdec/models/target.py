@@ -132,24 +132,33 @@ class TargetModel:
 
     @torch.inference_mode()
     def forward_batch(self, states: Sequence[TargetState], ids: Sequence[list[int]],
-                      taps: bool = False, last_logits_only: bool = False) -> list[TargetOutput]:
-        """``forward`` for many requests at once: one ragged pass on the runtime."""
+                      taps: bool = False,
+                      last_logits_only: bool | Sequence[bool] = False) -> list[TargetOutput]:
+        """``forward`` for many requests at once: one ragged pass on the runtime.
+        ``last_logits_only`` may be given per request (a batch mixing prefills and verifies)."""
+        last = ([last_logits_only] * len(states) if isinstance(last_logits_only, bool)
+                else list(last_logits_only))
         for state, new in zip(states, ids, strict=True):
-            self._check(state, new)
+            self.check(state, new)
         if self.runtime is None:
-            return [self._hf_forward(s, new, taps, last_logits_only) for s, new in zip(states, ids, strict=True)]
+            return [self._hf_forward(s, new, taps, only)
+                    for s, new, only in zip(states, ids, last, strict=True)]
         want_taps = taps and bool(self.tap_layers)
-        rows = [Row(s.slot, new, logits_at=[len(new) - 1] if last_logits_only else range(len(new)),
+        rows = [Row(s.slot, new, logits_at=[len(new) - 1] if only else range(len(new)),
                     taps_at=range(len(new)) if want_taps else ())
-                for s, new in zip(states, ids, strict=True)]
+                for s, new, only in zip(states, ids, last, strict=True)]
         outs = self.runtime(rows)
         for state, new in zip(states, ids, strict=True):
             state.length += len(new)
         return [TargetOutput(o.logits, o.taps) for o in outs]
 
-    def _check(self, state: TargetState, ids: list[int]) -> None:
+    def check(self, state: TargetState, ids: list[int]) -> None:
+        """Raise ``ValueError`` unless ``ids`` may be appended to the request's cache."""
         if not ids:
             raise ValueError("forward needs at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self.vocab_size}")
         if state.length + len(ids) > self.max_length:
             raise ValueError(f"sequence of {state.length + len(ids)} tokens exceeds the "
                              f"model's context of {self.max_length}")

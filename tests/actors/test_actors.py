@@ -13,19 +13,26 @@ from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft
 
 
-def run_rounds(target: TargetActor, drafter: DrafterActor, prompt_ids, params) -> list[int]:
-    """The orchestrator's loop, synchronously: open, then draft -> verify -> settle."""
-    progress, rid = Progress(prompt_ids, params), "r1"
+def run_rounds(target: TargetActor, drafter: DrafterActor, prompt_ids, params, rid: str = "r1",
+               steps: list | None = None) -> list[int]:
+    """The orchestrator's loop, synchronously: open, then draft -> verify -> settle (with the
+    load-aware draft cap the target sends); the target steps it ran in go to ``steps``."""
+    progress = Progress(prompt_ids, params)
     opened = target.open(rid, prompt_ids, params)
     drafter.open(rid, prompt_ids, opened.features, params)
-    room, commit = opened.room, None
-    while progress.finish_reason is None:
-        draft = drafter.draft(rid, progress.limit(room), commit)
-        verified = target.verify(rid, draft)
-        progress.settle(draft, verified.result, room, target.info().eos_token_ids)
-        commit, room = Commit(verified.result, len(draft.tokens)), verified.room
-    target.close(rid)
-    drafter.close(rid)
+    room, cap, commit = opened.room, opened.draft_cap, None
+    try:
+        while progress.finish_reason is None:
+            limit = progress.limit(room) if cap is None else min(progress.limit(room), cap)
+            draft = drafter.draft(rid, limit, commit)
+            verified = target.verify(rid, draft)
+            progress.settle(draft, verified.result, room, target.info().eos_token_ids)
+            commit, room, cap = Commit(verified.result, len(draft.tokens)), verified.room, verified.draft_cap
+            if steps is not None:
+                steps.append(verified.step)
+    finally:
+        target.close(rid)
+        drafter.close(rid)
     return progress.token_ids
 
 

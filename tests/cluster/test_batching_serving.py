@@ -1,0 +1,85 @@
+"""Continuous batching over HTTP: concurrent requests (streamed and not, mixed prompt lengths,
+some joining mid-flight) share target steps and each gets the engine's tokens alone; the steps
+show in ``/debug/metrics`` and ``/metrics``; several replicas serve the same tokens and keep no
+state."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import requests
+
+from cluster.server import REPLICA_HEADER as REPLICA
+from tests.cluster.extra_apps import extra_app, tiny_args
+from tests.cluster.test_api import engine_tokens
+
+PROMPTS = ["a", "hello world hello world, hello", "def f(x):\n    return x + 1\n\ndef g(",
+           "one two three four five six seven eight nine ten " * 3, "zz zz zz", "abc abc abc"]
+SPEC = {"verify": "asd", "asd_budget": 0.0}  # ASD with B = 0: exact, through the ASD code path
+
+
+def served_tokens(client, prompt: str, stream: bool, max_tokens: int) -> list[int]:
+    kw = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+          "extra_body": {"speculative": SPEC}}
+    if not stream:
+        return client.completions.create(**kw).choices[0].model_extra["token_ids"]
+    chunks = client.completions.create(**kw, stream=True)
+    return sum((c.choices[0].model_extra["token_ids"] for c in chunks), [])
+
+
+def run_concurrently(client, prompts, max_tokens=40, stagger_s=0.02) -> dict[int, list[int]]:
+    out = {}
+
+    def one(i, prompt):
+        out[i] = served_tokens(client, prompt, stream=i % 2 == 0, max_tokens=max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+        time.sleep(stagger_s)  # later requests join running ones
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_batched_requests_equal_the_engine_alone(served, client, engine):
+    before = requests.get(f"{served}/debug/metrics", timeout=30).json()
+    out = run_concurrently(client, PROMPTS)
+    tok = engine.target.target.tokenizer
+    for i, prompt in enumerate(PROMPTS):
+        assert out[i] == engine_tokens(engine, tok(prompt)["input_ids"], 40, **SPEC), prompt
+    after = requests.get(f"{served}/debug/metrics", timeout=30).json()
+    steps = after["steps"] - before.get("steps", 0)
+    batched = after["step_requests"] - before.get("step_requests", 0)
+    assert steps > 0 and batched / steps > 1.0, "no target step held two requests"
+    text = requests.get(f"{served}/metrics", timeout=30).text
+    for name in ("specdec:batch_size_bucket", "specdec:iteration_tokens_total_bucket",
+                 "specdec:step_queue_time_seconds_bucket", "specdec:kv_slots_used",
+                 "specdec:kv_cache_usage_perc"):
+        assert name in text, name
+
+
+def test_two_replicas_serve_the_same_tokens_and_keep_no_state(served, tiny_root, client, engine):
+    from openai import OpenAI
+
+    with extra_app(served, "replicas", tiny_args(tiny_root, num_replicas=2)) as url:
+        seen = {}  # replica process id -> its actors' request ids, once idle
+        for _ in range(40):
+            seen.setdefault(requests.get(f"{url}/debug/active", timeout=30).headers[REPLICA], None)
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2, "one replica answered every probe"
+        replicas = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        out = run_concurrently(replicas, PROMPTS, stagger_s=0.0)
+        tok = engine.target.target.tokenizer
+        for i, prompt in enumerate(PROMPTS):
+            assert out[i] == engine_tokens(engine, tok(prompt)["input_ids"], 40, **SPEC), prompt
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = requests.get(f"{url}/debug/active", timeout=30)
+            seen[r.headers[REPLICA]] = r.json()
+            if len(seen) == 2 and all(s == {"target": [], "drafter": []} for s in seen.values()):
+                break
+            time.sleep(0.05)
+        assert all(s == {"target": [], "drafter": []} for s in seen.values()), seen
