@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipelines.corpus import first_exchange, sharegpt_records, split_of
+from pipelines.common.datasets import first_exchange, sharegpt_records, split_of
 
 
 def test_records_stop_at_the_cut(tmp_path):
