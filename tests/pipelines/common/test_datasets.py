@@ -1,4 +1,5 @@
-"""Corpus helpers: record-by-record decoding of a cut JSON array, stable splits, exchanges."""
+"""The prompt sources (pipelines.common.datasets): record-by-record decoding of a cut JSON array,
+stable splits, exchanges."""
 
 from __future__ import annotations
 
