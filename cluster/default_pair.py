@@ -9,7 +9,9 @@ tag equals the files' hash nothing happens, otherwise one MLflow run logs the ch
 directories, new versions are created from them and ``champion`` moves there.
 
 ``artifacts/suffix-index`` (the suffix drafter's offline index, ``pipelines.suffix_index``) is
-registered the same way as ``<target>-suffix-index@champion`` when it is there.
+registered the same way as ``<target>-suffix-index@champion`` when it is there. Runs, versions
+and the alias are written through ``specdec.models.registry``, the module the training jobs
+write through too (the serving layer never imports ``pipelines/``).
 
 ``serve_args(args, artifacts, drafter)`` is what ``make serve`` does with
 ``configs/serve/local.yaml``: when the config names a ``default_pair`` directory that holds a
@@ -24,10 +26,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.models import registry
 from specdec.models.sources import content_hash
 
 HASH_TAG = "specdec.content_sha256"
-ALIAS = "champion"
+ALIAS = registry.CHAMPION
 KINDS = {"drafter": "block-drafter", "preverifier": "preverifier"}  # subdirectory -> model suffix
 OPTIONAL = {"suffix-index": "suffix-index"}  # registered when the artifacts hold it
 # PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's)
@@ -48,17 +51,13 @@ def register_new(stale: dict[str, tuple[str, str]], artifacts: Path, tracking_ur
     """One run logs every stale directory; each becomes a new version and the champion."""
     import mlflow
 
-    from pipelines.config import MlflowSettings
-    from pipelines.tracking import register, start_run
-
-    settings = MlflowSettings(tracking_uri=tracking_uri, run_name="register-default-pair",
-                              champion=True)
-    with start_run(settings, "register_default_pair") as run:
+    with registry.start_run(tracking_uri, "register_default_pair",
+                            run_name="register-default-pair") as run:
         if (artifacts / "provenance.json").is_file():
             mlflow.log_artifact(str(artifacts / "provenance.json"))
         for kind, (name, digest) in stale.items():
             mlflow.log_artifacts(str(artifacts / kind), artifact_path=kind)
-            uri = register(settings, name, run, kind)  # models:/NAME/VERSION
+            uri = registry.register(name, run, kind, champion=True)  # models:/NAME/VERSION
             mlflow.MlflowClient().set_model_version_tag(name, uri.rsplit("/", 1)[1], HASH_TAG,
                                                         digest)
 
@@ -70,8 +69,7 @@ def ensure_registered(artifacts_dir: str | Path, tracking_uri: str) -> dict[str,
     import mlflow
 
     artifacts = Path(artifacts_dir).resolve()
-    if tracking_uri.startswith("sqlite:///"):  # a fresh clone has no $SPECDEC_HOME yet
-        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    registry.ensure_store_dir(tracking_uri)  # a fresh clone has no $SPECDEC_HOME yet
     kinds = KINDS | {k: v for k, v in OPTIONAL.items() if (artifacts / k).is_dir()}
     names = {kind: f"{artifacts.name}-{suffix}" for kind, suffix in kinds.items()}
     client = mlflow.MlflowClient(tracking_uri)
@@ -85,14 +83,6 @@ def ensure_registered(artifacts_dir: str | Path, tracking_uri: str) -> dict[str,
     if stale:
         register_new(stale, artifacts, tracking_uri)
     return {kind: f"models:/{name}@{ALIAS}" for kind, name in names.items()}
-
-
-def local_tracking_uri() -> str:
-    """The store the jobs use: $MLFLOW_TRACKING_URI, else sqlite:///$SPECDEC_HOME/mlflow.db."""
-    from pipelines.config import MlflowSettings
-    from pipelines.tracking import tracking_uri
-
-    return tracking_uri(MlflowSettings())
 
 
 def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "block") -> dict:
@@ -109,7 +99,7 @@ def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "blo
         print(f"no trained default pair in {artifacts}/ (see `make train-default`): serving "
               f"{args['target']} with drafter {args.get('drafter', 'ngram')}", flush=True)
         return args
-    uri = args.get("mlflow_tracking_uri") or local_tracking_uri()
+    uri = registry.resolve_tracking_uri(args.get("mlflow_tracking_uri"))
     refs = ensure_registered(artifacts, uri)
     pacer_file = artifacts / "pacer_defaults.json"
     pacer = json.loads(pacer_file.read_text()) if pacer_file.is_file() else PACER_FALLBACK

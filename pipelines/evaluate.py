@@ -28,10 +28,10 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipelines.config import MlflowSettings, Strict, cli_config
-from pipelines.corpus import check_tokenizer
-from pipelines.pools import ActorSettings, map_prompts
-from pipelines.simulate import VerifierSettings, load_prompts
+from pipelines.common.config import MlflowSettings, Strict, cli_config
+from pipelines.common.formats import check_tokenizer, load_prompts
+from pipelines.common.pools import ActorSettings, map_prompts
+from pipelines.common.settings import PacerSettings, VerifierSettings, fixed, pacer
 
 ROWS = pa.schema([
     ("setting", pa.string()), ("request", pa.string()), ("committed", pa.int64()),
@@ -39,13 +39,6 @@ ROWS = pa.schema([
     ("accepted_at", pa.list_(pa.int64())), ("drafted_at", pa.list_(pa.int64())),
     ("draft_lengths", pa.string()), ("regret_spent", pa.float64()), ("exceptions", pa.int64()),
 ])
-
-
-class PacerSettings(Strict):
-    block_size: int = Field(4, ge=1)
-    threshold: float = Field(0.5, ge=0, le=1)
-    growth: float = Field(1.1, ge=1)
-    max_draft: int = Field(16, ge=1)
 
 
 class SweepSettings(Strict):
@@ -76,15 +69,6 @@ class EvaluateConfig(Strict):
     verify_cost_per_token: float = 0.075  # c_v
     actors: ActorSettings = ActorSettings()
     mlflow: MlflowSettings = MlflowSettings()
-
-
-def fixed(gamma: int) -> dict:
-    return {"policy": "fixed", "gamma": gamma}
-
-
-def pacer(p: PacerSettings) -> dict:
-    return {"policy": "pacer", "block_size": p.block_size, "threshold": p.threshold,
-            "growth": p.growth, "max_draft": p.max_draft}
 
 
 def grid(s: SweepSettings, max_draft: int) -> list[dict]:
@@ -172,7 +156,7 @@ def summarise(table: pa.Table, c_v: float) -> dict[str, dict]:
 
 def evaluate_settings(cfg: EvaluateConfig, refs: dict, settings: list[dict], prompts_path: str,
                       limit: int | None) -> dict[str, dict]:
-    prompts = load_prompts(prompts_path, limit)
+    prompts = load_prompts(prompts_path, limit, "evaluate.prompts")
     table = map_prompts(prompts, Evaluator, {"config": cfg.model_dump(), "refs": refs,
                                              "settings": settings}, cfg.actors, ROWS)
     return summarise(table, cfg.verify_cost_per_token)
@@ -194,8 +178,8 @@ SUMMARY = ("mean_accepted_length", "speedup_est", "regret_per_request", "excepti
 def log_summary(results: dict[str, dict], prefix: str) -> None:
     import mlflow
 
-    from pipelines.plots import acceptance_figure, histogram_figure
-    from pipelines.tracking import log_figure
+    from pipelines.common.plots import acceptance_figure, histogram_figure
+    from pipelines.common.tracking import log_figure
 
     for i, (setting, agg) in enumerate(sorted(results.items())):
         name = f"{prefix}{i}"
@@ -210,10 +194,10 @@ def log_summary(results: dict[str, dict], prefix: str) -> None:
 def run(cfg: EvaluateConfig) -> dict:
     import mlflow
 
-    from pipelines.tracking import log_params, start_run
+    from pipelines.common.tracking import log_params, start_run
 
     for path in [cfg.prompts] + ([cfg.sweep.prompts] if cfg.sweep else []):
-        load_prompts(path, None)  # fail fast on bad files
+        load_prompts(path, None, "evaluate.prompts")  # fail fast on bad files
         check_tokenizer(path, cfg.target, "evaluate.prompts")
     refs = resolve_refs(cfg)
     out: dict = {}

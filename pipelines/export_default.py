@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipelines.tracking import git_state
+from pipelines.common.tracking import git_state
 from specdec.engine.settings import SpecSettings
 from specdec.models.block_drafter import CONFIG_FILE as DRAFTER_CONFIG
 from specdec.models.block_drafter import BlockDrafter

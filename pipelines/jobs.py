@@ -1,5 +1,6 @@
-"""The training jobs by name: module and config schema (the config test parses every YAML under
-configs/train against the schema its file name selects)."""
+"""The training jobs by name and their config schemas (not a job itself): ``train_default``
+reads a stage's MLflow settings through it, and the config test parses every YAML under
+configs/train against the schema its file name selects."""
 
 from __future__ import annotations
 

@@ -7,12 +7,12 @@ on the first default pair: in-training accepted-length estimate 1.86, real gener
 (docs/DRAFTER-NOTES.md). This job replaces each response by the target's greedy continuation
 of the prompt, so training text and labels are exactly what speculative decoding will verify.
 
-Output: the corpus schema (``pipelines.corpus.SCHEMA``), ``input_ids`` = prompt + greedy
-response (EOS kept, the drafter should learn to predict it), the same ids and splits as the
+Output: the corpus schema (``pipelines.common.formats.CORPUS_SCHEMA``), ``input_ids`` =
+prompt + greedy response (EOS kept, the drafter should learn to predict it), the same ids and splits as the
 input; ``train_drafter`` reads it as its ``corpus`` (use ``anchors: response``).
 
 Generation runs in a pool of target-holding Ray actors over a Ray Dataset of prompts
-(``pipelines.pools``), on GPUs when ``actors.num_gpus > 0``, batched with left padding, shortest
+(``pipelines.common.pools``), on GPUs when ``actors.num_gpus > 0``, batched with left padding, shortest
 prompts first so a batch pads little. Runs as
 ``python -m pipelines.responses --config configs/train/responses.yaml`` (logs to MLflow), or with
 ``--offline`` in this process alone, on the GPU when torch sees one, with no Ray or MLflow (a
@@ -31,10 +31,10 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
-from pipelines.config import MlflowSettings, Strict, default_output, load_config
-from pipelines.corpus import SCHEMA, check_tokenizer, tokenizer_fingerprint
-from pipelines.pools import ActorSettings, map_prompts
-from pipelines.tables import read_table, write_table
+from pipelines.common.config import MlflowSettings, Strict, default_output, load_config
+from pipelines.common.formats import CORPUS_SCHEMA, check_tokenizer, tokenizer_fingerprint
+from pipelines.common.pools import ActorSettings, map_prompts
+from pipelines.common.tables import read_table, write_table
 
 
 class ResponsesConfig(Strict):
@@ -145,18 +145,18 @@ class Responder:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         if self.deadline is not None and time.time() > self.deadline:
-            return SCHEMA.empty_table()
+            return CORPUS_SCHEMA.empty_table()
         rows = batch.to_pylist()
         answers = greedy_responses(self.target, [r["prompt_ids"] for r in rows],
                                    self.cfg.max_new_tokens, len(rows), progress=False)
         out = [r | {"input_ids": list(r["prompt_ids"]) + a} for r, a in
                zip(rows, answers, strict=True)]
-        return pa.Table.from_pylist(out, schema=SCHEMA)
+        return pa.Table.from_pylist(out, schema=CORPUS_SCHEMA)
 
 
 def load_prompts(cfg: ResponsesConfig) -> list[dict]:
     """The prompts to answer, shortest first (a generate batch then pads little)."""
-    table = read_table(cfg.corpus, SCHEMA, "responses.corpus")
+    table = read_table(cfg.corpus, CORPUS_SCHEMA, "responses.corpus")
     rows = [r for r in table.to_pylist() if r["prompt_len"] <= cfg.max_prompt_tokens]
     rows = rows[: cfg.limit] if cfg.limit else rows
     if not rows:
@@ -178,13 +178,14 @@ def build(cfg: ResponsesConfig, rows: list[dict], offline: bool = False,
         responder = Responder(cfg.model_dump(), str(parse_device("auto")))
         parts = []
         for at in tqdm(range(0, len(rows), size), desc="responses", mininterval=5):
-            parts.append(responder(pa.Table.from_pylist(rows[at: at + size], schema=SCHEMA)))
+            batch = pa.Table.from_pylist(rows[at: at + size], schema=CORPUS_SCHEMA)
+            parts.append(responder(batch))
             responder.deadline = deadline
         table, device = pa.concat_tables(parts), str(responder.target.device)
     else:
         device = "cuda" if cfg.actors.num_gpus > 0 else "cpu"
         table = map_prompts(rows, Responder, {"config": cfg.model_dump(), "device": device,
-                                              "deadline": deadline}, cfg.actors, SCHEMA)
+                                              "deadline": deadline}, cfg.actors, CORPUS_SCHEMA)
     seconds = time.time() - started
     new = sum(len(r) - p for r, p in zip(table.column("input_ids").to_pylist(),
                                          table.column("prompt_len").to_pylist(), strict=True))
@@ -214,7 +215,7 @@ def run(cfg: ResponsesConfig, offline: bool = False, minutes: float | None = Non
     else:
         import mlflow
 
-        from pipelines.tracking import log_params, start_run
+        from pipelines.common.tracking import log_params, start_run
 
         with start_run(cfg.mlflow, "responses"):
             log_params(cfg.model_dump())

@@ -4,7 +4,8 @@ A Ray Data actor pool (each actor holds the target and the drafter; ``num_gpus``
 runs ``specdec.training.simulation.simulate_request`` over the prompts of a corpus split and
 writes one row per drafted token: the drafter's hidden state, the position in the draft, the
 PACER block index, the target's greedy token, the regret, and the label (accepted or not under
-the configured verifier). ``pipelines.train_preverifier`` trains on it. Schema: docs/PIPELINES.md.
+the configured verifier). ``pipelines.train_preverifier`` trains on it. Schema:
+``pipelines.common.formats.STEPS_SCHEMA`` (docs/PIPELINES.md).
 """
 
 from __future__ import annotations
@@ -16,35 +17,11 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipelines.config import MlflowSettings, Strict, cli_config, default_output
-from pipelines.corpus import SCHEMA as CORPUS_SCHEMA
-from pipelines.corpus import check_tokenizer
-from pipelines.pools import ActorSettings, map_prompts
-from pipelines.tables import read_table, write_table
-
-SCHEMA = pa.schema([
-    ("request", pa.string()),  # corpus row id
-    ("step", pa.int32()),  # round index within the request
-    ("position", pa.int32()),  # position in the draft, 0-based
-    ("block", pa.int32()),  # PACER block index = position // pacer_block
-    ("token", pa.int32()),  # drafted token x_i
-    ("greedy", pa.int32()),  # target's greedy token y*_i
-    ("regret", pa.float32()),  # z_i(y*_i) - z_i(x_i), raw logits
-    ("accepted", pa.int8()),  # 1 = accepted by the configured verifier
-    ("hidden", pa.list_(pa.float32())),  # [D] drafter hidden state
-])
-
-
-class VerifierSettings(Strict):
-    name: Literal["strict", "asd"] = "strict"
-    budget: float = 0.0  # ASD B
-    gate: float = 0.25  # ASD g
-    max_exceptions: int = 2  # ASD M
-
-    def params(self) -> dict:
-        if self.name == "strict":
-            return {}
-        return dict(budget=self.budget, gate=self.gate, max_exceptions=self.max_exceptions)
+from pipelines.common.config import MlflowSettings, Strict, cli_config, default_output
+from pipelines.common.formats import STEPS_SCHEMA, check_tokenizer, load_prompts
+from pipelines.common.pools import ActorSettings, map_prompts
+from pipelines.common.settings import VerifierSettings
+from pipelines.common.tables import write_table
 
 
 class SimulateConfig(Strict):
@@ -89,31 +66,25 @@ class Simulator:
             records = simulate_request(self.pair.target, self.pair.drafter, self.verifier,
                                        prompt, cfg.max_new_tokens, draft_len, cfg.pacer_block)
             rows += [dict(request=rid, **r.__dict__) for r in records]
-        return pa.Table.from_pylist(rows, schema=SCHEMA)
-
-
-def load_prompts(path: str, limit: int | None) -> list[dict]:
-    table = read_table(path, CORPUS_SCHEMA, "simulate.prompts")
-    rows = table.select(["id", "prompt_ids"]).to_pylist()[:limit]
-    return [r for r in rows if len(r["prompt_ids"]) >= 2]
+        return pa.Table.from_pylist(rows, schema=STEPS_SCHEMA)
 
 
 def run(cfg: SimulateConfig) -> Path:
     import mlflow
 
-    from pipelines.tracking import log_params, start_run
+    from pipelines.common.tracking import log_params, start_run
     from specdec.models.block_drafter import BlockDrafter
     from specdec.models.registry import resolve_model_ref
 
-    prompts = load_prompts(cfg.prompts, cfg.limit)  # fails fast on a bad file
+    prompts = load_prompts(cfg.prompts, cfg.limit, "simulate.prompts")  # fails fast on a bad file
     check_tokenizer(cfg.prompts, cfg.target, "simulate.prompts")
     drafter_dir = resolve_model_ref(cfg.drafter, cfg.mlflow.tracking_uri)
     if not BlockDrafter.is_checkpoint(drafter_dir):
         raise FileNotFoundError(f"simulate.drafter {cfg.drafter!r} is not a block-drafter checkpoint")
     with start_run(cfg.mlflow, "simulate"):
         log_params(cfg.model_dump())
-        table = map_prompts(prompts, Simulator, {"config": cfg.model_dump(),
-                                                 "drafter_dir": drafter_dir}, cfg.actors, SCHEMA)
+        table = map_prompts(prompts, Simulator, {"config": cfg.model_dump(), "drafter_dir": drafter_dir},
+                            cfg.actors, STEPS_SCHEMA)
         meta = {"specdec.drafter": cfg.drafter, "specdec.verifier": json.dumps(cfg.verifier.params()
                                                                               | {"name": cfg.verifier.name})}
         path = write_table(table, cfg.output(), meta)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from pipelines.config import MlflowSettings, Strict, cli_config, default_output, target_name
-from pipelines.corpus import SCHEMA
-from pipelines.tables import metadata, read_table
+from pipelines.common.config import MlflowSettings, Strict, cli_config, default_output, target_name
+from pipelines.common.formats import CORPUS_SCHEMA
+from pipelines.common.tables import metadata, read_table
 
 
 class SuffixIndexConfig(Strict):
@@ -47,9 +47,9 @@ def responses_of(batch: dict) -> dict:
 def read_responses(cfg: SuffixIndexConfig) -> list[list[int]]:
     import ray.data
 
-    from pipelines.pools import ensure_ray
+    from pipelines.common.pools import ensure_ray
 
-    read_table(cfg.responses, SCHEMA, "suffix_index.responses")  # fail fast on a bad file
+    read_table(cfg.responses, CORPUS_SCHEMA, "suffix_index.responses")  # fail fast on a bad file
     ensure_ray()
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     ds = ray.data.read_parquet(cfg.responses).select_columns(["id", "input_ids", "prompt_len"])
@@ -95,7 +95,7 @@ def tree_memory(index, max_depth: int) -> dict:
 def run(cfg: SuffixIndexConfig) -> dict:
     import mlflow
 
-    from pipelines.tracking import log_params, register, start_run
+    from pipelines.common.tracking import log_params, register, start_run
     from specdec.models.suffix_index import SuffixIndex
 
     vocab_size = vocab_size_of(cfg)

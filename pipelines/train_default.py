@@ -40,8 +40,8 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.config import load_config
-from pipelines.tracking import tracking_uri
+from pipelines.common.config import load_config
+from pipelines.common.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
 STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate",
@@ -134,14 +134,13 @@ def adopted(job: str, run_ids: list[str], settings) -> dict:
 
 def point_champions(state: dict, uri: str) -> None:
     """``champion`` of each trained model -> the version its recorded stage registered."""
-    import mlflow
+    from specdec.models.registry import set_champion
 
-    client = mlflow.MlflowClient(uri)
     for stage in TRAINED:
         record = state["stages"].get(stage, {})
         if "model_version" in record:
             name, version = record["model_version"].removeprefix("models:/").rsplit("/", 1)
-            client.set_registered_model_alias(name, "champion", version)
+            set_champion(name, version, uri)
 
 
 def run_stage(job: str, config_file: Path, state: dict) -> None:

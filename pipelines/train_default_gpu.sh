@@ -3,7 +3,7 @@
 #   1. the target from its GGUF, 2. its greedy responses to the training prompts
 #   (pipelines.responses), 3. the drafter recipe offline for MINUTES (configs/train/
 #   train_drafter.gpu.yaml, pipelines.train_drafter --offline), 4. the engine's GPU check
-#   (pipelines.gpu_check).
+#   (bench.gpu_check).
 # Back on a machine with Ray and MLflow: untar drafter.tar into the config's
 # run_dir/checkpoints/, put offline-metrics.jsonl in run_dir, and run pipelines.train_drafter
 # with that config, `steps` set to offline-config.json's and `scaling.use_gpu: false`: it
@@ -52,7 +52,7 @@ cp "$SPECDEC_HOME/pipelines/responses/train.parquet" "$OUT/responses.parquet"
 
 stage train_drafter
 python3 -m pipelines.train_drafter --config "$DRAFTER" --offline --minutes "$MINUTES"
-RUN=$(python3 -c "from pipelines.config import load_config; from pipelines.train_drafter import \
+RUN=$(python3 -c "from pipelines.common.config import load_config; from pipelines.train_drafter import \
 TrainDrafterConfig as C; print(load_config(C, '$DRAFTER').output())")
 CKPT=$(ls -d "$RUN"/checkpoints/step_* 2>/dev/null | sort | tail -1)
 cp "$RUN/offline-metrics.jsonl" "$OUT/"
@@ -60,7 +60,7 @@ DRAFTED=${CKPT:+$CKPT/drafter}
 DRAFTED=${DRAFTED:-artifacts/smollm2-135m/drafter}  # training failed: check the GPU path anyway
 
 stage gpu_check
-python3 -m pipelines.gpu_check --drafter "$DRAFTED" \
+python3 -m bench.gpu_check --drafter "$DRAFTED" \
     --preverifier artifacts/smollm2-135m/preverifier --prompts "$G/benchmark.parquet" \
     --out "$OUT/gpu_check.json" ${CHECK_ARGS:-}
 

@@ -29,8 +29,8 @@ import torch
 from pydantic import Field, model_validator
 from tqdm import tqdm
 
-from pipelines import checkpoints as ckpt
-from pipelines.config import (
+from pipelines.common import checkpoints as ckpt
+from pipelines.common.config import (
     MlflowSettings,
     Scaling,
     Strict,
@@ -38,9 +38,8 @@ from pipelines.config import (
     load_config,
     target_name,
 )
-from pipelines.corpus import SCHEMA as CORPUS_SCHEMA
-from pipelines.corpus import check_tokenizer
-from pipelines.tables import read_table
+from pipelines.common.formats import CORPUS_SCHEMA, check_tokenizer
+from pipelines.common.tables import read_table
 
 
 class LossSettings(Strict):
@@ -524,8 +523,8 @@ def run(cfg: TrainDrafterConfig) -> dict:
     """Train, log to MLflow, register. Returns {"drafter": dir, "model_uri": ..., "run_id"}."""
     import mlflow
 
-    from pipelines.plots import loss_figure
-    from pipelines.tracking import log_figure, log_params, register, start_run, tracking_uri
+    from pipelines.common.plots import loss_figure
+    from pipelines.common.tracking import log_figure, log_params, register, start_run, tracking_uri
 
     init_dir = preflight(cfg)
     with start_run(cfg.mlflow, "train_drafter") as run_:

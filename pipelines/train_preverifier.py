@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
-from pipelines.config import (
+from pipelines.common.config import (
     MlflowSettings,
     Scaling,
     Strict,
@@ -26,8 +26,8 @@ from pipelines.config import (
     default_output,
     target_name,
 )
-from pipelines.simulate import SCHEMA as STEPS_SCHEMA
-from pipelines.tables import read_table
+from pipelines.common.formats import STEPS_SCHEMA
+from pipelines.common.tables import read_table
 
 
 class PreVerifierSettings(Strict):
@@ -148,7 +148,7 @@ def report(net, metrics: dict, rank: int) -> None:
 
 
 def calibration_plot(cfg: TrainPreVerifierConfig, model_dir: Path):
-    from pipelines.plots import calibration_figure
+    from pipelines.common.plots import calibration_figure
     from specdec.models.preverifier import PreVerifier
     from specdec.training.calibration import calibration_bins
     from specdec.training.preverifier_data import pack_steps
@@ -170,9 +170,9 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from pipelines.plots import loss_figure
-    from pipelines.pools import ensure_ray
-    from pipelines.tracking import log_figure, log_params, register, start_run, tracking_uri
+    from pipelines.common.plots import loss_figure
+    from pipelines.common.pools import ensure_ray
+    from pipelines.common.tracking import log_figure, log_params, register, start_run, tracking_uri
 
     load_steps(cfg.data, cfg.heldout_percent)  # fail fast on a bad file, before Ray
     with start_run(cfg.mlflow, "train_preverifier") as run_:

@@ -72,6 +72,14 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def store(tmp_path_factory):
+    """A fresh MLflow store (absolute sqlite URI) and pipeline home for the session (the jobs'
+    and the benchmarks' tests)."""
+    root = tmp_path_factory.mktemp("pipelines")
+    return {"root": root, "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
+
+
+@pytest.fixture(scope="session")
 def tiny_pair_sources(tiny_llama, tmp_path_factory):
     """A stand-in for the trained default pair of the tiny Llama target (float64): a block
     drafter with a reduced vocabulary saved in a training checkpoint, a pre-verifier, and

@@ -1,4 +1,5 @@
-"""Fixtures for the pipeline tests: one Ray instance per session, tiny models, a tmp MLflow store.
+"""Fixtures for the pipeline tests: the session's Ray instance and job configs on the session's
+MLflow store (``store``, tests/conftest.py, shared with the benchmark tests).
 
 Ray is shared with the rest of the session through ``ray_cluster`` (tests/conftest.py).
 """
@@ -7,20 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.config import parse_config
+from pipelines.common.config import parse_config
 
 
 @pytest.fixture(scope="session")
 def ray_session(ray_cluster):
     """The session's shared Ray instance (tests/conftest.py)."""
     return ray_cluster
-
-
-@pytest.fixture(scope="session")
-def store(tmp_path_factory):
-    """A fresh MLflow store (absolute sqlite URI) and pipeline home for the session."""
-    root = tmp_path_factory.mktemp("pipelines")
-    return {"root": root, "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
 
 
 def config(schema, store, **fields):

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipelines import simulate, train_preverifier
-from pipelines.tables import read_table, write_table
+from pipelines import train_preverifier
+from pipelines.common.formats import load_prompts
+from pipelines.common.tables import read_table, write_table
 
 
 def test_missing_parquet_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
-        simulate.load_prompts(str(tmp_path / "nope.parquet"), None)
+        load_prompts(str(tmp_path / "nope.parquet"), None, "simulate.prompts")
 
 
 def test_malformed_parquet_is_named(tmp_path):
@@ -24,7 +25,7 @@ def test_malformed_parquet_is_named(tmp_path):
 def test_schema_mismatch_names_the_column(tmp_path):
     path = write_table(pa.table({"id": ["a"], "prompt_ids": [[1.5, 2.5]]}), tmp_path / "p.parquet")
     with pytest.raises(ValueError, match="no column 'source'"):
-        simulate.load_prompts(str(path), None)
+        load_prompts(str(path), None, "simulate.prompts")
     schema = pa.schema([("prompt_ids", pa.list_(pa.int32()))])
     with pytest.raises(ValueError, match="column 'prompt_ids' .* expected list<item: int32>"):
         read_table(path, schema, "test")

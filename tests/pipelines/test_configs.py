@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import load_config, parse_config
+from pipelines.common.config import load_config, parse_config
 from pipelines.jobs import schema_for
 from pipelines.train_drafter import TrainDrafterConfig
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pipelines import responses
-from pipelines.corpus import SCHEMA, tokenizer_fingerprint
-from pipelines.tables import metadata, write_table
+from pipelines.common.formats import CORPUS_SCHEMA, tokenizer_fingerprint
+from pipelines.common.tables import metadata, write_table
 from specdec.models.target import TargetModel
 from tests.conftest import greedy_reference
 from tests.pipelines.conftest import config
@@ -26,7 +26,7 @@ def prompts_corpus(tiny_llama, store):
     rows = [dict(id=f"p{i}", source="sharegpt", split="train", prompt_ids=list(t),
                  input_ids=list(t) + [1, 2, 3], prompt_len=len(t)) for i, t in enumerate(TEXTS)]
     path = store["root"] / "prompts" / "train.parquet"
-    write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path,
+    write_table(pa.Table.from_pylist(rows, schema=CORPUS_SCHEMA), path,
                 {"specdec.tokenizer": tokenizer_fingerprint(tok)})
     return str(path)
 
@@ -56,7 +56,7 @@ def test_the_job_writes_a_corpus_of_prompt_plus_response(ray_session, tiny_llama
                  actors={"batch_size": 2, "num_cpus": 0.5})
     stats = responses.run(cfg)  # a pool of Ray actors over a Ray Dataset
     table = pq.read_table(out)
-    assert table.schema.equals(SCHEMA, check_metadata=False)
+    assert table.schema.equals(CORPUS_SCHEMA, check_metadata=False)
     assert stats["rows"] == table.num_rows == len(TEXTS)
     for row in table.to_pylist():
         assert row["input_ids"][: row["prompt_len"]] == row["prompt_ids"]

@@ -11,8 +11,8 @@ import mlflow
 import pytest
 
 from pipelines import train_default as td
-from pipelines.config import MlflowSettings
-from pipelines.tracking import register, start_run
+from pipelines.common.config import MlflowSettings
+from pipelines.common.tracking import register, start_run
 
 FULL = {"stages": {s: {} for s in td.STAGES}, "failed_s": {}}
 

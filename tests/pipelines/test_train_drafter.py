@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines import checkpoints, train_drafter
-from pipelines.corpus import SCHEMA, tokenizer_fingerprint
-from pipelines.tables import write_table
+from pipelines import train_drafter
+from pipelines.common import checkpoints
+from pipelines.common.formats import CORPUS_SCHEMA, tokenizer_fingerprint
+from pipelines.common.tables import write_table
 from specdec.algorithms.losses import make_loss
 from specdec.training.drafter_forward import FrozenTargetParts
 from tests.pipelines.conftest import config
@@ -30,7 +31,7 @@ def tiny_corpus(tiny_llama, store):
     rows = [dict(id=f"t{i}", source="sharegpt", split="train", prompt_ids=list(t[:8]),
                  input_ids=list(t), prompt_len=8) for i, t in enumerate(TEXT)]
     path = store["root"] / "small-corpus" / "train.parquet"
-    write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path,
+    write_table(pa.Table.from_pylist(rows, schema=CORPUS_SCHEMA), path,
                 {"specdec.tokenizer": tokenizer_fingerprint(tok)})
     return str(path)
 

@@ -1,6 +1,6 @@
 """The engine benchmark's PNG figures (matplotlib, Agg), drawn from the summary of one run.
 
-``summary``: workload -> method -> metrics (``pipelines.bench_metrics.summarise``).
+``summary``: workload -> method -> metrics (``bench.metrics.summarise``).
 """
 
 from __future__ import annotations

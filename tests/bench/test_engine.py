@@ -9,10 +9,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipelines import bench_config, bench_methods, bench_metrics, benchmark, humaneval
-from pipelines.config import load_config
-from pipelines.corpus import SCHEMA
-from pipelines.tables import write_table
+from bench import config as bench_config
+from bench import engine, humaneval
+from bench import methods as bench_methods
+from bench import metrics as bench_metrics
+from pipelines.common.config import load_config
+from pipelines.common.formats import CORPUS_SCHEMA
+from pipelines.common.tables import write_table
 from specdec.models.preverifier import PreVerifier, PreVerifierConfig
 from specdec.models.tiny import byte_tokenizer
 
@@ -37,7 +40,7 @@ def write_bench_inputs(out: Path) -> None:
     rows += [row(f"chat-{i}", "sharegpt", "benchmark", f"say hello to {i}, hello {i}")
              for i in range(3)]
     rows.append(row("train-0", "sharegpt", "train", "training data"))
-    write_table(pa.Table.from_pylist(rows, schema=SCHEMA), out / "benchmark.parquet")
+    write_table(pa.Table.from_pylist(rows, schema=CORPUS_SCHEMA), out / "benchmark.parquet")
     PreVerifier(PreVerifierConfig(input_size=64, use_position=False)).save(
         out / "preverifier-no-position")
 
@@ -53,13 +56,13 @@ def env(tiny_llama, tmp_path_factory, store):
         yield out
 
 
-def tiny_config(*overrides: str) -> benchmark.BenchmarkConfig:
-    return load_config(benchmark.BenchmarkConfig, TINY, list(overrides))
+def tiny_config(*overrides: str) -> engine.BenchmarkConfig:
+    return load_config(engine.BenchmarkConfig, TINY, list(overrides))
 
 
 @pytest.fixture(scope="module")
 def results(env):
-    return benchmark.run(tiny_config(), "test", quick=False)
+    return engine.run(tiny_config(), "test", quick=False)
 
 
 def test_writes_results_plots_and_an_mlflow_run(results, env):
@@ -147,7 +150,7 @@ def test_missing_optional_model_is_reported_not_measured(env):
     cfg = tiny_config("methods=[ar, fixed_4, pacer_no_position, dflash_fixed]",
                       f"drafter_dflash={env / 'no-such-drafter'}", "preverifier_no_position=null",
                       f"out_dir={env / 'out-missing'}")
-    results = benchmark.run(cfg, "test")
+    results = engine.run(cfg, "test")
     why = results["not_measured"]
     assert why["dflash_fixed"].startswith("not measured: missing drafter_dflash (")
     assert why["pacer_no_position"] == ("not measured: missing preverifier_no_position "
@@ -171,18 +174,18 @@ def no_models(monkeypatch):
 
 def test_unknown_method_fails_fast(env, no_models):
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['warp'\]"):
-        benchmark.run(tiny_config("methods=[ar, warp]"))
+        engine.run(tiny_config("methods=[ar, warp]"))
 
 
 def test_missing_files_fail_fast(env, no_models, tmp_path):
     with pytest.raises(FileNotFoundError, match="benchmark.drafter: .*nope does not exist"):
-        benchmark.run(tiny_config(f"drafter={tmp_path / 'nope'}"))
+        engine.run(tiny_config(f"drafter={tmp_path / 'nope'}"))
     with pytest.raises(FileNotFoundError, match="pacer_defaults"):
-        benchmark.run(tiny_config(f"pacer_defaults={tmp_path / 'p.json'}"))
+        engine.run(tiny_config(f"pacer_defaults={tmp_path / 'p.json'}"))
     with pytest.raises(FileNotFoundError, match="benchmark.prompts"):
-        benchmark.run(tiny_config(f"prompts={tmp_path / 'p.parquet'}"))
+        engine.run(tiny_config(f"prompts={tmp_path / 'p.parquet'}"))
     with pytest.raises(ValueError, match="sharegpt.count: 9 asked for"):
-        benchmark.run(tiny_config("workloads.sharegpt.count=9"))
+        engine.run(tiny_config("workloads.sharegpt.count=9"))
     with pytest.raises(ValueError, match="workloadz: unknown key"):
         tiny_config("workloadz=1")
 
@@ -190,13 +193,13 @@ def test_missing_files_fail_fast(env, no_models, tmp_path):
 def test_ablation_preverifier_must_lack_the_position_embedding(env, no_models, tmp_path):
     PreVerifier(PreVerifierConfig(input_size=64)).save(tmp_path / "with-position")
     with pytest.raises(ValueError, match="uses the position embedding"):
-        benchmark.check(tiny_config(f"preverifier_no_position={tmp_path / 'with-position'}"))
+        engine.check(tiny_config(f"preverifier_no_position={tmp_path / 'with-position'}"))
 
 
 def test_default_config_without_trained_pair_fails_clearly(monkeypatch, tmp_path, no_models):
     monkeypatch.chdir(tmp_path)  # no artifacts/ here, whatever the repository holds
     with pytest.raises(FileNotFoundError, match="artifacts/smollm2-135m/drafter does not exist"):
-        benchmark.main(["--config", str(ROOT / "configs/bench/default.yaml"), "--quick"])
+        engine.main(["--config", str(ROOT / "configs/bench/default.yaml"), "--quick"])
 
 
 def test_quick_is_small_and_writes_elsewhere(env):
@@ -221,7 +224,7 @@ def test_pacer_defaults_file_overrides_the_config(env, tmp_path):
 
 
 def test_rho_ablation_runs_the_other_side_of_pacers_own_rho():
-    from pipelines.evaluate import PacerSettings
+    from pipelines.common.settings import PacerSettings
 
     grows, constant = PacerSettings(growth=1.3), PacerSettings(growth=1.0)
     assert bench_methods.rho_ablation(grows, 1.1).growth == 1.0
@@ -233,7 +236,7 @@ def test_rho_ablation_runs_the_other_side_of_pacers_own_rho():
 
 
 def test_the_journal_key_follows_the_checkpoints_contents(tmp_path):
-    from pipelines.bench_journal import fingerprint, inputs
+    from bench.journal import fingerprint, inputs
 
     ckpt = tmp_path / "drafter"
     ckpt.mkdir()
@@ -256,7 +259,7 @@ def test_the_journal_key_follows_the_checkpoints_contents(tmp_path):
 def test_bench_configs_parse(path, monkeypatch):
     monkeypatch.setenv("SPECDEC_TINY", "/tmp/tiny")
     monkeypatch.setenv("SPECDEC_TINY_BENCH", "/tmp/tiny-bench")
-    assert "$" not in load_config(benchmark.BenchmarkConfig, path).model_dump_json()
+    assert "$" not in load_config(engine.BenchmarkConfig, path).model_dump_json()
 
 
 # ---- HumanEval pass@1 -----------------------------------------------------------------------
@@ -295,7 +298,7 @@ def test_a_rerun_resumes_from_the_journal(results, env):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bench_methods, "timed_call", counting)
-        again = benchmark.run(tiny_config(), "test", quick=False)
+        again = engine.run(tiny_config(), "test", quick=False)
     assert len(seen) == 1  # only the cut call ran again
     assert len(journal.read_text().splitlines()) - 1 == calls
     for w, x in again["workloads"].items():
@@ -304,7 +307,7 @@ def test_a_rerun_resumes_from_the_journal(results, env):
 
 
 def test_a_changed_config_does_not_reuse_the_journal(env, tmp_path):
-    from pipelines.bench_journal import Journal
+    from bench.journal import Journal
 
     path = tmp_path / "records.jsonl"
     Journal(path, "a")

@@ -8,10 +8,10 @@ that matches the output is accepted, and one more (the bonus) token is committed
 is the engine's own ``SuffixDrafter`` (and ``NgramDrafter`` as the baseline, which checks the
 replay against the engine benchmark's n-gram figure).
 
-    python -m pipelines.suffix_replay --index DIR [--index DIR ...] --out FILE.json
+    python -m bench.suffix_replay --index DIR [--index DIR ...] --out FILE.json
 
 The greedy outputs of the benchmark prompts (HumanEval/0..N-1 and a seeded ShareGPT choice,
-as ``pipelines.benchmark`` picks them) are computed once with the plain engine and cached next
+as ``bench.engine`` picks them) are computed once with the plain engine and cached next
 to ``--out``. Each row of the result: drafter, index size, online (the global tree grows with
 the outputs replayed before, in order) or cold, and the mean accepted length per round.
 """
@@ -76,7 +76,7 @@ def run_one(make, prompts, outputs, limit: int) -> dict:
 
 
 def main(argv=None) -> None:
-    from pipelines.bench_config import BenchmarkConfig, load_prompts
+    from bench.config import BenchmarkConfig, load_prompts
     from specdec.models.ngram import NgramDrafter
     from specdec.models.suffix import SuffixConfig, SuffixDrafter
     from specdec.models.suffix_index import SuffixIndex

@@ -8,9 +8,9 @@ import json
 import pyarrow as pa
 import pytest
 
-from pipelines import gpu_check
-from pipelines.corpus import SCHEMA
-from pipelines.tables import write_table
+from bench import gpu_check
+from pipelines.common.formats import CORPUS_SCHEMA
+from pipelines.common.tables import write_table
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def bench_prompts(tmp_path_factory):
             for i, (src, text) in enumerate([("humaneval", b"def f(x):\n    return"),
                                              ("sharegpt", b"hello world, hello")])]
     path = tmp_path_factory.mktemp("gpu-check") / "benchmark.parquet"
-    return str(write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path))
+    return str(write_table(pa.Table.from_pylist(rows, schema=CORPUS_SCHEMA), path))
 
 
 def test_report_on_the_tiny_pair(tiny_pair_sources, bench_prompts, tmp_path):

@@ -3,7 +3,7 @@
 ``results`` is the dict written to ``results.json``: ``meta`` (date, command, machine, commit,
 settings), ``methods`` (name -> what it runs), ``not_measured`` (name -> why), ``workloads``
 (workload -> prompt ids and method -> metrics), ``claims`` and ``goals`` (rows from
-``pipelines.bench_metrics.evaluate``).
+``bench.metrics.evaluate``).
 """
 
 from __future__ import annotations

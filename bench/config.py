@@ -23,11 +23,11 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipelines import humaneval
-from pipelines.bench_methods import Method, Prompt, method_table
-from pipelines.config import MlflowSettings, Strict, default_output
-from pipelines.evaluate import PacerSettings
-from pipelines.tables import read_table
+from bench import humaneval
+from bench.methods import Method, Prompt, method_table
+from pipelines.common.config import MlflowSettings, Strict, default_output
+from pipelines.common.settings import PacerSettings
+from pipelines.common.tables import read_table
 
 PROMPTS = pa.schema([("id", pa.string()), ("source", pa.string()), ("split", pa.string()),
                      ("prompt_ids", pa.list_(pa.int32()))])
@@ -61,7 +61,7 @@ class BenchmarkConfig(Strict):
     # the suffix drafter's offline index (a directory or models:/NAME@ALIAS); None: local tree only
     suffix_index: str | None = None
     # suffix_warm's warm-up: the target's greedy outputs by prompt id (JSON {id: [token ids]},
-    # e.g. pipelines.suffix_replay's *-greedy.json); None: computed untimed with the plain engine
+    # e.g. bench.suffix_replay's *-greedy.json); None: computed untimed with the plain engine
     warm_outputs: str | None = None
     prompts: str = Field(default_factory=lambda: str(default_output("corpus") / "benchmark.parquet"))
     workloads: Workloads = Workloads()
@@ -237,7 +237,7 @@ def load_prompts(cfg: BenchmarkConfig) -> list[Prompt]:
 
 def check(cfg: BenchmarkConfig) -> Plan:
     """Every input, checked before any model loads; returns what will run."""
-    from pipelines.corpus import check_tokenizer
+    from pipelines.common.formats import check_tokenizer
     from specdec.models.block_drafter import BlockDrafter
 
     names = check_methods(cfg)

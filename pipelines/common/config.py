@@ -1,4 +1,5 @@
-"""Strict job configs: pydantic models with ``extra="forbid"``, loaded from YAML.
+"""Strict job configs: pydantic models with ``extra="forbid"``, loaded from YAML, and the
+sections every job shares (``MlflowSettings``, ``Scaling``).
 
 Every job has one schema; an unknown or misspelt key fails at load time with the file and the
 key's dotted path in the message, before any model loads. Strings may use ``$VAR`` / ``${VAR}``
@@ -16,6 +17,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from specdec.models.registry import DEFAULT_EXPERIMENT
 from specdec.models.sources import NAMED_SOURCES, specdec_home
 
 
@@ -25,7 +27,7 @@ class Strict(BaseModel):
 
 class MlflowSettings(Strict):
     tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///$SPECDEC_HOME/mlflow.db
-    experiment: str = "specdec"
+    experiment: str = DEFAULT_EXPERIMENT
     run_name: str | None = None
     register_model: bool = True  # register the trained model in the MLflow registry
     model_name: str | None = None  # default: <target>-block-drafter / <target>-preverifier

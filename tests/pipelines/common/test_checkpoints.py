@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines import checkpoints
+from pipelines.common import checkpoints
 
 
 def make(seed: int):

@@ -11,7 +11,7 @@ not measured.
 prompt, every method on that prompt, the order rotated from prompt to prompt so that machine
 drift hits every method alike. Each call is timed on the wall clock, and the process's peak RSS
 is reset before it and read after it (Linux ``/proc``; None elsewhere). With a journal
-(``bench_journal``) every call is saved as it completes and a rerun skips the saved ones.
+(``bench.journal``) every call is saved as it completes and a rerun skips the saved ones.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipelines.evaluate import PacerSettings, fixed, pacer
+from pipelines.common.settings import PacerSettings, fixed, pacer
 
 # Engines by key: which drafter side each one has.
 ENGINE_DRAFTERS = {
@@ -313,7 +313,7 @@ def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner]
             max_new_tokens: int, repeats: int, progress: bool = True,
             journal=None) -> list[Record]:
     """Every method on every prompt, ``repeats`` times, interleaved and rotated. Calls already
-    in ``journal`` (a ``bench_journal.Journal``) are taken from it; new ones are added to it."""
+    in ``journal`` (a ``bench.journal.Journal``) are taken from it; new ones are added to it."""
     records = []
     bar = tqdm(total=repeats * len(prompts) * len(methods), desc="benchmark", disable=not progress)
     for r in range(repeats):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipelines.config import Strict
+from pipelines.common.config import Strict
 
 
 class ActorSettings(Strict):

@@ -1,8 +1,9 @@
-"""Corpus helpers: record-by-record decoding of a cut JSON array, stable splits, exchanges."""
+"""The prompt sources (pipelines.common.datasets): record-by-record decoding of a cut JSON array,
+stable splits, exchanges."""
 
 from __future__ import annotations
 
-from pipelines.corpus import first_exchange, sharegpt_records, split_of
+from pipelines.common.datasets import first_exchange, sharegpt_records, split_of
 
 
 def test_records_stop_at_the_cut(tmp_path):

@@ -8,7 +8,7 @@ float32 every strict method must reproduce AR exactly (the check fails otherwise
 a verify pass of k tokens and a one-token pass may round differently, so equality is reported,
 not required.
 
-    python -m pipelines.gpu_check --drafter DIR --preverifier DIR --prompts benchmark.parquet \\
+    python -m bench.gpu_check --drafter DIR --preverifier DIR --prompts benchmark.parquet \\
         --out gpu_check.json
 
 Runs without Ray or MLflow (a bare GPU machine); the models are the same ``specdec`` classes the
@@ -26,9 +26,9 @@ import time
 import torch
 from tqdm import tqdm
 
-from pipelines.bench_methods import engine_runner, hf_runner
-from pipelines.corpus import SCHEMA
-from pipelines.tables import read_table
+from bench.methods import engine_runner, hf_runner
+from pipelines.common.formats import CORPUS_SCHEMA
+from pipelines.common.tables import read_table
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 
@@ -43,7 +43,7 @@ METHODS = {  # name -> SpecSettings fields (None: plain AR; "hf": HF generate)
 
 def prompts_from(path: str, n: int) -> list[tuple[str, list[int]]]:
     """The first ``n`` prompts of each source (HumanEval, ShareGPT) of a corpus file."""
-    rows = read_table(path, SCHEMA, "gpu_check.prompts").to_pylist()
+    rows = read_table(path, CORPUS_SCHEMA, "gpu_check.prompts").to_pylist()
     picked = []
     for source in ("humaneval", "sharegpt"):
         picked += [(r["id"], r["prompt_ids"]) for r in rows if r["source"] == source][:n]

@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from pipelines.bench_methods import Record
+from bench.methods import Record
 from specdec.engine.stats import RequestStats
 from specdec.models.sources import content_hash
 

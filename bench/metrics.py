@@ -29,8 +29,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipelines import humaneval
-from pipelines.bench_methods import Method, Record
+from bench import humaneval
+from bench.methods import Method, Record
 
 
 def speed(records: list[Record]) -> list[float]:

@@ -6,7 +6,7 @@ One run, on the same prompts and settings, interleaved so machine drift hits bot
   - aggregate tokens/s of the served path at concurrency 1, 2, 4.
 Medians over repeats. Writes a JSON of every number and a Markdown table.
 
-    python -m pipelines.bench_serve --config configs/serve/local.yaml --prompts 8 --max-tokens 64
+    python -m bench.serve --config configs/serve/local.yaml --prompts 8 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     cfg = app_args(a.config)
     result = benchmark(cfg, humaneval_prompts(a.prompts), a.max_tokens, a.repeats, a.port)
-    meta = {"date": time.strftime("%Y-%m-%d"), "command": "python -m pipelines.bench_serve "
+    meta = {"date": time.strftime("%Y-%m-%d"), "command": "python -m bench.serve "
             + " ".join(argv if argv is not None else os.sys.argv[1:]),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch "
                        f"{torch.__version__}, {platform.python_version()}",

@@ -1,10 +1,10 @@
-"""Job: the engine benchmark (issue 5): how much faster each method decodes the same target.
+"""The engine benchmark (issue 5): how much faster each method decodes the same target.
 
-    python -m pipelines.benchmark --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
+    python -m bench.engine --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
 
 Workloads: a fixed HumanEval subset (the first N problems by task number) and held-out ShareGPT
 chat prompts (a seeded choice), both from the corpus's ``benchmark`` split (chat-templated
-prompt ids; never training data). Methods (``pipelines.bench_methods``): our engine with no
+prompt ids; never training data). Methods (``bench.methods``): our engine with no
 drafter (``ar``, the baseline), HF ``generate`` greedy and with prompt lookup, our n-gram
 drafter, fixed windows, the heuristic schedule, PACER, PACER + ASD at several budgets, and the
 ablations (PACER without position embedding, PACER's threshold growth rho against rho = 1, the
@@ -12,7 +12,7 @@ DFlash-loss drafter).
 A method whose optional model is not configured is reported as not measured, never estimated.
 
 Everything runs in this process, sequentially (no Ray: timing must not share cores with other
-benchmark work), interleaved per prompt. Numbers and their definitions: ``bench_metrics``.
+benchmark work), interleaved per prompt. Numbers and their definitions: ``bench.metrics``.
 Outputs in ``out_dir``: ``results.json``, ``results.md`` and PNG plots, all also logged as the
 artifacts of one MLflow run. ``--quick`` runs 3 HumanEval + 2 ShareGPT prompts, once, at most 64
 new tokens, into ``quick_out_dir``, so that it never overwrites a full run. Every timed call is
@@ -28,11 +28,11 @@ import json
 import sys
 from pathlib import Path
 
-from pipelines.bench_config import BenchmarkConfig, Plan, check
-from pipelines.bench_journal import Journal, fingerprint, inputs
-from pipelines.bench_methods import ENGINE_DRAFTERS
-from pipelines.config import load_config
-from pipelines.tracking import git_state
+from bench.config import BenchmarkConfig, Plan, check
+from bench.journal import Journal, fingerprint, inputs
+from bench.methods import ENGINE_DRAFTERS
+from pipelines.common.config import load_config
+from pipelines.common.tracking import git_state
 
 __all__ = ["BenchmarkConfig", "check", "main", "run"]
 
@@ -42,8 +42,8 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     """Load the models, warm every method up, measure; then score HumanEval replies."""
     import torch
 
-    from pipelines import bench_methods as bm
-    from pipelines.bench_metrics import pass_at_1, summarise
+    from bench import methods as bm
+    from bench.metrics import pass_at_1, summarise
 
     torch.set_num_threads(cfg.torch_threads)
     engines = {m.engine for m in plan.methods if m.engine}
@@ -68,7 +68,7 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
 
 def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, list[dict]]:
     """The research claims and the issue's goals, evaluated on this run's summary."""
-    from pipelines.bench_metrics import claims, evaluate, goals
+    from bench.metrics import claims, evaluate, goals
 
     asd = [f"pacer_asd_{b:g}" for b in cfg.asd.budgets]
     fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
@@ -89,11 +89,11 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, li
 
 def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                  quick: bool) -> dict:
-    from pipelines import bench_report
-    from pipelines.bench_methods import reset_peak_rss
+    from bench import report
+    from bench.methods import reset_peak_rss
 
-    meta = {"date": bench_report.now(), "command": command, "quick": quick,
-            "machine": bench_report.machine(cfg.device), "git": git_state(),
+    meta = {"date": report.now(), "command": command, "quick": quick,
+            "machine": report.machine(cfg.device), "git": git_state(),
             "target": cfg.target, "dtype": cfg.dtype, "drafter": cfg.drafter,
             "preverifier": cfg.preverifier, "drafter_dflash": cfg.drafter_dflash,
             "preverifier_no_position": cfg.preverifier_no_position, "prompts": cfg.prompts,
@@ -113,8 +113,8 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
 def write_outputs(results: dict, asd_methods: list[str], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    from pipelines.bench_plots import figures
-    from pipelines.bench_report import markdown
+    from bench.plots import figures
+    from bench.report import markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "results.json", out_dir / "results.md"]
@@ -131,7 +131,7 @@ def write_outputs(results: dict, asd_methods: list[str], out_dir: Path) -> list[
 def log_run(cfg: BenchmarkConfig, results: dict, paths: list[Path], quick: bool) -> None:
     import mlflow
 
-    from pipelines.tracking import log_params, start_run
+    from pipelines.common.tracking import log_params, start_run
 
     with start_run(cfg.mlflow, "benchmark-quick" if quick else "benchmark"):
         log_params(cfg.model_dump())
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
     if args.quick:
         cfg = cfg.quick()
     argv = sys.argv[1:] if argv is None else list(argv)
-    results = run(cfg, "python -m pipelines.benchmark " + " ".join(argv), args.quick)
+    results = run(cfg, "python -m bench.engine " + " ".join(argv), args.quick)
     for w, x in results["workloads"].items():
         for name, m in x["methods"].items():
             ratio = "-" if m["ratio_to_ar"] is None else f"{m['ratio_to_ar']:.2f}x ar"
