@@ -3,9 +3,10 @@
 ``TargetWorker`` owns the target model, every request's KV cache and ASD ledger, and runs
 verification next to the logits. ``DraftWorker`` owns the drafter, the PACER pre-verifier and
 every request's drafter state. Both are batch-first: a call may carry many requests (dicts keyed
-by request id) and runs one model forward for all of them; one request is a batch of one. Only token ids, a few stats and a few feature rows cross between
-them, never full logits, so in serving each is a Ray actor (``actors/`` wraps these classes)
-and in the single-process engine they are local objects running the same code.
+by request id) and runs one model forward for all of them; one request is a batch of one. Only
+token ids, a few stats and a few feature rows cross between them, never full logits, so in
+serving each is a Ray actor (``actors/`` wraps these classes) and in the single-process engine
+they are local objects running the same code.
 
 Cache invariant: a request's verified sequence is S; the target caches S[:-1] and the last token
 is *pending*. A round feeds [pending, x_0..x_{K-1}] in one pass (K + 1 logits rows), then crops the

@@ -91,10 +91,11 @@ def test_rope_preserves_norm_and_is_relative():
 
 def started(target, drafter, lengths):
     """One request state per context length (prompt ids 3, 4, ...)."""
-    states = []
+    states, width = [], len(drafter.config.tap_layers) * drafter.config.feature_size
     for n in lengths:
         prompt = [3 + i % 50 for i in range(n)]
-        states.append(drafter.start(prompt, features(target, prompt[:-1])))
+        feats = features(target, prompt[:-1]) if n > 1 else torch.zeros(0, width, dtype=torch.float64)
+        states.append(drafter.start(prompt, feats))
     return states
 
 
