@@ -1,7 +1,9 @@
 """Draft-length policies: how many tokens to draft before calling the target.
 
 A policy drives a drafter through one callable, ``propose(n) -> block`` (a block has ``len`` and
-a ``hidden`` [n, D] tensor), and returns the blocks it kept. It knows no models:
+a ``hidden`` [n, D] tensor), and returns the blocks it kept; ``first(limit, state)`` says how many
+tokens its first ``propose`` will ask for, so a caller can prepare many requests' first blocks in
+one batched pass before running their policies one by one. It knows no models:
 
 - ``FixedPolicy``: the standard window, always gamma tokens.
 - ``HeuristicPolicy``: HF transformers' ``heuristic`` schedule: +2 after a round that accepted
@@ -30,6 +32,10 @@ class DraftPolicy(Protocol):
 
     def draft(self, propose: Propose, limit: int, state: Any) -> list: ...
 
+    def first(self, limit: int, state: Any) -> int:
+        """The n of the first ``propose(n)`` that ``draft(propose, limit, state)`` will make (0:
+        it proposes nothing). A batching caller prepares every request's first block at once."""
+
     def update(self, state: Any, drafted: int, accepted: int) -> None: ...
 
 
@@ -45,8 +51,11 @@ class FixedPolicy:
         return None
 
     def draft(self, propose: Propose, limit: int, state) -> list:
-        n = min(self.gamma, limit)
+        n = self.first(limit, state)
         return [propose(n)] if n > 0 else []
+
+    def first(self, limit: int, state) -> int:
+        return max(0, min(self.gamma, limit))
 
     def update(self, state, drafted: int, accepted: int) -> None:
         pass
@@ -70,8 +79,11 @@ class HeuristicPolicy:
         return HeuristicState(self.initial)
 
     def draft(self, propose: Propose, limit: int, state: HeuristicState) -> list:
-        n = min(state.length, limit)
+        n = self.first(limit, state)
         return [propose(n)] if n > 0 else []
+
+    def first(self, limit: int, state: HeuristicState) -> int:
+        return max(0, min(state.length, limit))
 
     def update(self, state: HeuristicState, drafted: int, accepted: int) -> None:
         grown = state.length + 2 if accepted == drafted else state.length - 1
@@ -127,6 +139,9 @@ class PacerPolicy:
                 break
             t = min(1.0, t * self.growth)
         return blocks
+
+    def first(self, limit: int, state: PacerTrace) -> int:
+        return max(0, min(self.block_size, limit, self.max_len))
 
     def update(self, state, drafted: int, accepted: int) -> None:
         pass

@@ -2,9 +2,11 @@
 
 ``TargetWorker`` owns the target model, every request's KV cache and ASD ledger, and runs
 verification next to the logits. ``DraftWorker`` owns the drafter, the PACER pre-verifier and
-every request's drafter state. Only token ids, a few stats and a few feature rows cross between
-them, never full logits, so in serving each is a Ray actor (``actors/`` wraps these classes)
-and in the single-process engine they are local objects running the same code.
+every request's drafter state. Both are batch-first: a call may carry many requests (dicts keyed
+by request id) and runs one model forward for all of them; one request is a batch of one. Only
+token ids, a few stats and a few feature rows cross between them, never full logits, so in
+serving each is a Ray actor (``actors/`` wraps these classes) and in the single-process engine
+they are local objects running the same code.
 
 Cache invariant: a request's verified sequence is S; the target caches S[:-1] and the last token
 is *pending*. A round feeds [pending, x_0..x_{K-1}] in one pass (K + 1 logits rows), then crops the
@@ -281,6 +283,11 @@ class DraftRequest:
 
 
 class DraftWorker:
+    """``draft_batch`` and ``commit_batch`` take dicts keyed by request id; drafters with the
+    optional ``prepare`` / ``commit_batch`` (block, hybrid) batch their forwards across the
+    requests, the others (n-gram, suffix, AR) run per request. ``draft`` / ``commit`` are the
+    batch of one."""
+
     def __init__(self, drafter: Drafter, preverifier: torch.nn.Module | None = None):
         self.drafter = drafter
         self.preverifier = preverifier
@@ -319,30 +326,78 @@ class DraftWorker:
         return score
 
     def draft(self, rid: str, limit: int) -> Draft:
-        req = self.requests[rid]
+        return self.draft_batch({rid: limit})[rid]
+
+    def draft_batch(self, limits: dict[str, int]) -> dict[str, Draft]:
+        """Draft up to ``limits[rid]`` tokens for every request: first the drafter's batched
+        ``prepare`` of each request's first block (one forward for all, when the drafter has
+        one), then each request's own policy, as for one request alone. Per request, the
+        tokens, probs, policy state and random stream are those of drafting it alone; the
+        shared pass's time is split evenly among the requests it was run for."""
+        reqs = {rid: self.requests[rid] for rid in limits}
+        capped = {rid: self._cap(limit) for rid, limit in limits.items()}
+        t0 = time.perf_counter()
+        prepared = self._prepare({rid: (reqs[rid], limit) for rid, limit in capped.items()})
+        shared = (time.perf_counter() - t0) / max(1, len(prepared))
+        return {rid: self._draft(req, capped[rid], shared if rid in prepared else 0.0)
+                for rid, req in reqs.items()}
+
+    def _cap(self, limit: int) -> int:
         if self.drafter.max_draft_len is not None:
             limit = min(limit, self.drafter.max_draft_len)
         if self.preverifier is not None:  # it cannot score positions it has no embedding for
             limit = min(limit, self.preverifier.c.max_positions)
+        return max(0, limit)
+
+    def _prepare(self, batch: dict[str, tuple[DraftRequest, int]]) -> set[str]:
+        """Hand the drafter's ``prepare`` (state, n) for every request whose policy will
+        propose, n the size of its first ``propose``; returns those requests' ids."""
+        prepare = getattr(self.drafter, "prepare", None)
+        if prepare is None:
+            return set()
+        firsts = {rid: req.policy.first(limit, req.policy_state)
+                  for rid, (req, limit) in batch.items()}
+        ready = {rid: n for rid, n in firsts.items() if n > 0}
+        if ready:
+            prepare([(batch[rid][0].state, n) for rid, n in ready.items()])
+        return set(ready)
+
+    def _draft(self, req: DraftRequest, limit: int, shared_s: float) -> Draft:
+        """One request's draft: its policy drives ``propose``, as the paper's loop reads."""
         t0, req.timers["preverifier"] = time.perf_counter(), 0.0
 
         def propose(n: int) -> DraftBlock:
             return self.drafter.propose(req.state, n, req.sampling)
 
-        blocks = [b for b in req.policy.draft(propose, max(0, limit), req.policy_state) if len(b)]
+        blocks = [b for b in req.policy.draft(propose, limit, req.policy_state) if len(b)]
         tokens = [int(t) for b in blocks for t in b.tokens]
         probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
         elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
         source = getattr(req.state, "source", None) if tokens else None
-        return Draft(tokens, probs, drafter_s=elapsed - pre, preverifier_s=pre, source=source)
+        return Draft(tokens, probs, drafter_s=shared_s + elapsed - pre, preverifier_s=pre,
+                     source=source)
 
     def draft_batch(self, limits: dict[str, int]) -> dict[str, Draft]:
         return {rid: self.draft(rid, limit) for rid, limit in limits.items()}
 
     def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
-        req = self.requests[rid]
-        self.drafter.commit(req.state, result.tokens, result.features)
-        req.policy.update(req.policy_state, drafted, result.accepted)
+        self.commit_batch({rid: (result, drafted)})
+
+    def commit_batch(self, commits: dict[str, tuple[RoundResult, int]]) -> None:
+        """End the round of every request: ``commits[rid]`` is what the target committed and
+        how many tokens were drafted (the policy's feedback). A drafter with ``commit_batch``
+        takes them all at once (the block drafter: one pass over all new context rows)."""
+        reqs = {rid: self.requests[rid] for rid in commits}
+        items = [(reqs[rid].state, result.tokens, result.features)
+                 for rid, (result, _) in commits.items()]
+        batch = getattr(self.drafter, "commit_batch", None)
+        if batch is not None:
+            batch(items)
+        else:
+            for item in items:
+                self.drafter.commit(*item)
+        for rid, (result, drafted) in commits.items():
+            reqs[rid].policy.update(reqs[rid].policy_state, drafted, result.accepted)
 
     def close(self, rid: str) -> None:
         req = self.requests.pop(rid, None)

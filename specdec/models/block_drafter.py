@@ -13,6 +13,12 @@ The target's embedding and lm_head are borrowed, frozen, and never saved with th
 optional reduced draft vocabulary (top-N target tokens, as EAGLE-3 does) cuts the lm_head cost.
 Per request, the drafter caches the context keys/values of every verified position; a round's
 draft never enters that cache, so nothing needs cropping after a round.
+
+Batching (issue 17): ``prepare`` runs the block pass of many requests in ONE forward, their
+contexts right-padded to the longest and masked out past each one's length (``pad_context``);
+``commit_batch`` projects every request's new context rows in one pass. Each request's token
+choice still happens in its own ``propose``, with its own sampling and generator, so a request's
+draft is the same alone or in any batch (up to float rounding of the batched matmuls).
 """
 
 from __future__ import annotations
@@ -167,10 +173,30 @@ class BlockDrafterModel(nn.Module):
         return [layer.keys_values(ctx, pos) for layer in self.layers]
 
 
+def pad_context(contexts: list[list[tuple[torch.Tensor, torch.Tensor]]]):
+    """Per request, per layer (k, v) [1, T_i, kvh, d] -> per layer (k, v) [N, T, kvh, d] with
+    T = max T_i, each request's rows first and zeros after, and ctx_mask [N, T] (True: a real
+    row) -- None when no row is padding, so a batch of one is exactly the unbatched forward."""
+    lengths = [kv[0][0].shape[1] for kv in contexts]
+    t = max(lengths)
+    layers = []
+    for per_request in zip(*contexts, strict=True):  # one layer's (k, v) of every request
+        k = torch.cat([F.pad(k, (0, 0, 0, 0, 0, t - k.shape[1])) for k, _ in per_request])
+        v = torch.cat([F.pad(v, (0, 0, 0, 0, 0, t - v.shape[1])) for _, v in per_request])
+        layers.append((k, v))
+    if min(lengths) == t:
+        return layers, None
+    device = contexts[0][0][0].device
+    mask = torch.arange(t, device=device)[None] < torch.tensor(lengths, device=device)[:, None]
+    return layers, mask
+
+
 @dataclass
 class BlockDraftState:
     committed: list[int]
     ctx_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, T, kvh, d]; T = len(committed) - 1
+    # this round's block pass before any token choice: hidden [B-1, H], draft logits [B-1, V_draft]
+    forward: tuple[torch.Tensor, torch.Tensor] | None = None
     block: DraftBlock | None = None  # this round's full block, handed out piece by piece
     handed: int = 0
 
@@ -248,7 +274,8 @@ class BlockDrafter:
     # ---- the Drafter protocol ---------------------------------------------------------------
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> BlockDraftState:
         empty = torch.zeros(1, 0, len(self.config.tap_layers) * self.config.feature_size)
-        state = BlockDraftState(committed=[], ctx_kv=self._kv(empty, 0))
+        nowhere = torch.zeros(1, 0, dtype=torch.long, device=self.device)
+        state = BlockDraftState(committed=[], ctx_kv=self._kv(empty, nowhere))
         self.commit(state, list(prompt_ids), features)
         return state
 
@@ -261,35 +288,81 @@ class BlockDrafter:
         b = state.block
         return DraftBlock(b.tokens[lo:hi], b.hidden[lo:hi], None if b.probs is None else b.probs[lo:hi])
 
-    @torch.inference_mode()
     def commit(self, state: BlockDraftState, tokens: list[int], features: torch.Tensor | None):
-        state.committed.extend(tokens)
-        state.block, state.handed = None, 0
-        start = state.ctx_kv[0][0].shape[1]
-        if features is None or features.shape[0] != len(state.committed) - 1 - start:
-            got = None if features is None else features.shape[0]
-            raise ValueError(f"block drafter needs target features for {len(state.committed) - 1 - start} "
-                             f"new positions, got {got}")
-        if features.shape[0]:
-            new = self._kv(features[None], start)
-            state.ctx_kv = [(torch.cat([k0, k], 1), torch.cat([v0, v], 1))
-                            for (k0, v0), (k, v) in zip(state.ctx_kv, new, strict=True)]
+        self.commit_batch([(state, tokens, features)])
+
+    # ---- batching: optional Drafter parts ---------------------------------------------------
+    @torch.inference_mode()
+    def prepare(self, requests: list[tuple[BlockDraftState, int]]) -> None:
+        """Run this round's block pass of every (state, n) in ONE forward; n, the size of the
+        round's first ``propose``, only says whether it proposes at all (one pass drafts the
+        whole block). The token choice is left to ``propose``: it alone touches the request's
+        generator, so preparing a request changes none of its results."""
+        states = [s for s, n in requests if n > 0 and s.block is None and s.forward is None]
+        if states:
+            self._forward(states)
+
+    @torch.inference_mode()
+    def commit_batch(self, requests: list[tuple[BlockDraftState, list[int], torch.Tensor | None]]):
+        """``commit`` for many requests: the new context rows of all of them go through the
+        context projection and k/v in one pass (every op there is per row: fc, norms, RoPE at
+        each row's own position), then each request's rows extend its own cache. Every request
+        is checked before any state changes, so one bad request leaves all of them as they were."""
+        starts = [self._first_new(state, tokens, features) for state, tokens, features in requests]
+        rows = []  # (state, features [t, n*F], start) of the requests with new rows
+        for (state, tokens, features), start in zip(requests, starts, strict=True):
+            state.committed.extend(tokens)
+            state.forward, state.block, state.handed = None, None, 0
+            if features.shape[0]:
+                rows.append((state, features, start))
+        if not rows:
+            return
+        pos = torch.cat([torch.arange(start, start + f.shape[0]) for _, f, start in rows])
+        new = self._kv(torch.cat([f for _, f, _ in rows])[None], pos[None].to(self.device))
+        sizes = [f.shape[0] for _, f, _ in rows]
+        pieces = [(k.split(sizes, 1), v.split(sizes, 1)) for k, v in new]  # per layer
+        for i, (state, _, _) in enumerate(rows):
+            state.ctx_kv = [(torch.cat([k0, ks[i]], 1), torch.cat([v0, vs[i]], 1))
+                            for (k0, v0), (ks, vs) in zip(state.ctx_kv, pieces, strict=True)]
 
     # ---- internals --------------------------------------------------------------------------
-    def _kv(self, features: torch.Tensor, start: int):
-        """features: [1, t, n*F] for positions start..start+t-1 -> per layer (k, v)."""
-        pos = torch.arange(start, start + features.shape[1], device=self.device)[None]
+    @staticmethod
+    def _first_new(state: BlockDraftState, tokens: list[int], features: torch.Tensor | None) -> int:
+        """The first context position that committing ``tokens`` adds; checks that ``features``
+        has one row per added position (all committed tokens but the new last one)."""
+        start = state.ctx_kv[0][0].shape[1]
+        new = len(state.committed) + len(tokens) - 1 - start
+        if features is None or features.shape[0] != new:
+            got = None if features is None else features.shape[0]
+            raise ValueError(f"block drafter needs target features for {new} new positions, "
+                             f"got {got}")
+        return start
+
+    def _kv(self, features: torch.Tensor, pos: torch.Tensor):
+        """features: [1, t, n*F] at positions pos [1, t] -> per layer (k, v) [1, t, kvh, d]."""
         features = features.to(self.device, self.embedding.dtype)
         return self.net.context_kv(self.net.context(features), pos)
 
-    def _draft_block(self, state: BlockDraftState, sampling: Sampling) -> DraftBlock:
+    def _forward(self, states: list[BlockDraftState]) -> None:
+        """One block pass for all ``states``: input [anchor, MASK x (B-1)] at positions
+        anchor..anchor+B-1 of each, keys over its own (padded, masked) context; stores each
+        state's hidden [B-1, H] and draft logits [B-1, V_draft]."""
         b = self.config.block_size
-        anchor_pos = len(state.committed) - 1
-        embeds = self.net.mask_embedding.expand(1, b, -1).clone()  # [1, B, H]
-        embeds[0, 0] = self.embedding[state.committed[-1]]
-        pos = torch.arange(anchor_pos, anchor_pos + b, device=self.device)[None]
-        hidden = self.net(embeds, pos, state.ctx_kv)[0, 1:]  # [B-1, H]
-        logits = hidden @ self.head.T  # [B-1, V_draft]
+        anchors = torch.tensor([len(s.committed) - 1 for s in states], device=self.device)  # [N]
+        last = torch.tensor([s.committed[-1] for s in states], device=self.device)  # [N]
+        embeds = self.net.mask_embedding.expand(len(states), b, -1).clone()  # [N, B, H]
+        embeds[:, 0] = self.embedding[last]
+        pos = anchors[:, None] + torch.arange(b, device=self.device)  # [N, B]
+        ctx_kv, ctx_mask = pad_context([s.ctx_kv for s in states])
+        hidden = self.net(embeds, pos, ctx_kv, ctx_mask)[:, 1:]  # [N, B-1, H]
+        logits = hidden @ self.head.T  # [N, B-1, V_draft]
+        for state, h, z in zip(states, hidden, logits, strict=True):
+            state.forward = (h, z)
+
+    def _draft_block(self, state: BlockDraftState, sampling: Sampling) -> DraftBlock:
+        if state.forward is None:  # not prepared: a batch of one
+            self._forward([state])
+        (hidden, logits), state.forward = state.forward, None
         choice, probs = choose(logits, sampling)
         tokens = self.draft_to_target[choice]
         if probs is not None and probs.shape[-1] != self.vocab_size:  # scatter to the full vocab

@@ -11,6 +11,13 @@ Optional parts: a drafter with ``reads_settings = True`` gets the request's ``Sp
 ``start(..., settings=)``; one with a ``finish(state)`` method is told when a request ends
 (however it ends); one whose state has a ``source`` attribute says where each round's draft
 came from.
+
+Batching parts (optional; ``DraftWorker.draft_batch`` / ``commit_batch`` use them when there):
+``prepare(requests)``, requests a list of (state, n) with n the size of the round's first
+``propose``, does in one batched pass the model work those proposes would do one by one (the
+block drafter's block forward); it is a hint: every ``propose`` returns exactly what it would
+without it, and only ``propose`` draws from a request's generator. ``commit_batch(requests)``,
+a list of (state, tokens, features), is ``commit`` for each, batched.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ position each round, whichever draft won, so its context cache stays right: the 
 target's features. It runs PACER itself, with the pre-verifier it was built with, so the engine
 drives it with the ``fixed`` policy (``gamma`` caps whichever draft wins). ``state.source`` says
 which draft a round sent ("suffix" or "block"); the engine counts them.
+
+Batching (issue 17): ``prepare`` looks up every request's suffix draft (per request, no
+forward) and runs the block pass in one batched forward for exactly the requests whose suffix
+score is below ``hybrid_skip``; ``commit_batch`` commits the suffix trees per request and the
+block drafter's context rows in one pass.
 """
 
 from __future__ import annotations
@@ -80,6 +85,21 @@ class HybridDrafter:
         return HybridState(self.suffix.start(prompt_ids, None, settings),
                            self.block.start(prompt_ids, features), pacer, scores)
 
+    def prepare(self, requests: list[tuple[HybridState, int]]) -> None:
+        """Before each (state, n)'s first ``propose(n)`` of the round: batch the block pass of
+        those that will need it, the ones whose suffix draft of n tokens scores below
+        ``hybrid_skip``. Lookups only: no state but the block drafter's prepared pass changes."""
+        need = [(state.block, n) for state, n in requests
+                if n > 0 and state.chosen is None
+                and self._suffix_score(state, n) < state.suffix.settings.hybrid_skip]
+        if need:
+            self.block.prepare(need)
+
+    def _suffix_score(self, state: HybridState, n: int) -> float:
+        """The score ``_choose`` sees for the suffix draft of up to n tokens."""
+        probs = self.suffix.speculate(state.suffix).probs[:max(n, 0)]
+        return float(torch.tensor(probs, dtype=torch.float32).sum())
+
     def propose(self, state: HybridState, n: int, sampling: Sampling) -> DraftBlock:
         if state.chosen is None:
             state.chosen = self._choose(state, n, sampling)
@@ -91,7 +111,7 @@ class HybridDrafter:
     def _choose(self, state: HybridState, limit: int, sampling: Sampling) -> DraftBlock:
         """This round's draft: the suffix one unless PACER expects more of the block's."""
         suffix = self.suffix.propose(state.suffix, limit, sampling)
-        suffix_score = float(suffix.hidden[:, 0].sum())
+        suffix_score = self._suffix_score(state, limit)  # its tokens' path probabilities, summed
         if suffix_score >= state.suffix.settings.hybrid_skip:
             return self._pick(state, "suffix", suffix, suffix.hidden[:, :1])
         block = self._block_draft(state, limit, sampling)
@@ -117,9 +137,15 @@ class HybridDrafter:
         return DraftBlock(draft.tokens, hidden, draft.probs)
 
     def commit(self, state: HybridState, tokens: list[int], features: torch.Tensor | None) -> None:
-        self.suffix.commit(state.suffix, tokens)
-        self.block.commit(state.block, tokens, features)
-        state.chosen, state.handed, state.source = None, 0, None
+        self.commit_batch([(state, tokens, features)])
+
+    def commit_batch(self, requests: list[tuple[HybridState, list[int], torch.Tensor | None]]):
+        """``commit`` for many requests: the block drafter's new context rows in one pass."""
+        self.block.commit_batch([(state.block, tokens, features)
+                                 for state, tokens, features in requests])
+        for state, tokens, _ in requests:
+            self.suffix.commit(state.suffix, tokens)
+            state.chosen, state.handed, state.source = None, 0, None
 
     def finish(self, state: HybridState) -> None:
         self.suffix.finish(state.suffix)
