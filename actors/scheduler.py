@@ -358,12 +358,8 @@ class DraftScheduler(BatchLoop):
                 results[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
             else:
                 calls[w.rid] = w.payload
-        for rid, call in calls.items():  # each commit alone: an error ends that request only
-            if call.commit is not None:
-                try:
-                    self.worker.commit(rid, *call.commit)
-                except Exception as e:  # noqa: BLE001
-                    results[rid] = e
+        results.update(self._commit({rid: c.commit for rid, c in calls.items()
+                                     if c.commit is not None}))
         limits = {rid: c.limit for rid, c in calls.items() if rid not in results and c.limit > 0}
         drafts = self._draft(limits)
         for rid in calls:
@@ -371,6 +367,21 @@ class DraftScheduler(BatchLoop):
                 value = drafts.get(rid, Draft([], None))
                 results[rid] = value if isinstance(value, Exception) else (value, 0)
         return results
+
+    def _commit(self, commits: dict) -> dict[str, Exception]:
+        """One batched commit (it checks every request before it changes any); should it fail,
+        each request alone, so only the bad one fails. Returns the failures."""
+        try:
+            self.worker.commit_batch(commits)
+            return {}
+        except Exception:  # noqa: BLE001
+            failed = {}
+            for rid, commit in commits.items():
+                try:
+                    self.worker.commit_batch({rid: commit})
+                except Exception as e:  # noqa: BLE001
+                    failed[rid] = e
+            return failed
 
     def _draft(self, limits: dict[str, int]) -> dict:
         """One batched draft; should it fail, each request alone, so only the bad one fails

@@ -377,9 +377,6 @@ class DraftWorker:
         return Draft(tokens, probs, drafter_s=shared_s + elapsed - pre, preverifier_s=pre,
                      source=source)
 
-    def draft_batch(self, limits: dict[str, int]) -> dict[str, Draft]:
-        return {rid: self.draft(rid, limit) for rid, limit in limits.items()}
-
     def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
         self.commit_batch({rid: (result, drafted)})
 

@@ -8,7 +8,7 @@ feature rows, the cost does not depend on their values), one torch thread, media
   - commit: the context k/v of ``--new`` new rows per request (``BlockDrafter._kv``).
 Prints one line per (pass, N). Not a test: nothing here asserts a speed.
 
-    python -m pipelines.bench_draft_batch --drafter artifacts/smollm2-135m/drafter
+    python -m bench.draft_batch --drafter artifacts/smollm2-135m/drafter
 """
 
 from __future__ import annotations
