@@ -221,7 +221,7 @@ class BatchLoop:
             if id(w) not in chosen:
                 w.skipped += 1
         for w, n in batch:
-            w.completes = self.finishes(w, n)
+            w.completes, w.skipped = self.finishes(w, n), 0
         self.queue = [w for w in self.queue if not (id(w) in chosen and w.completes)]
         return batch
 
