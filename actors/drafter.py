@@ -80,3 +80,7 @@ class DrafterActor(RequestHost):
     def close(self, rid: str) -> None:
         self.scheduler.close(rid)
         self.leases.drop(rid)
+
+    def free(self, rid: str) -> None:
+        self.scheduler.close(rid, final=False)
+        self.leases.drop(rid)

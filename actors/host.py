@@ -37,12 +37,16 @@ class RequestHost:
         """This actor's process id and resident memory (load tests watch it for leaks)."""
         return process_info()
 
+    def free(self, rid: str) -> None:
+        """Free a request after one of its calls failed (``close`` is the caller's ending)."""
+        self.close(rid)
+
     def _guarded(self, rid: str, fn, *args):
         """Run one call of a request: renew its lease on success, free its state on error."""
         try:
             out = fn(*args)
         except Exception:
-            self.close(rid)  # an error ends the request
+            self.free(rid)  # an error ends the request
             raise
         self.leases.touch(rid)
         return out

@@ -150,9 +150,13 @@ class BatchLoop:
             self.cond.notify()
         return work.future
 
-    def close(self, rid: str) -> None:
+    def close(self, rid: str, final: bool = True) -> None:
+        """End the request: its queued work fails with ``Closed``, its state is freed after the
+        step in flight. ``final``: its id is remembered, so later work of it is refused (a close
+        that overtook the request's own open); a request freed after an error of its own is not
+        remembered, and may be opened again under its id."""
         with self.cond:
-            if rid not in self.closed:
+            if final and rid not in self.closed:
                 self.closed.add(rid)
                 self.closed_order.append(rid)
                 if len(self.closed_order) > TOMBSTONES:

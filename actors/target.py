@@ -83,6 +83,10 @@ class TargetActor(RequestHost):
         self.scheduler.close(rid)
         self.leases.drop(rid)
 
+    def free(self, rid: str) -> None:
+        self.scheduler.close(rid, final=False)
+        self.leases.drop(rid)
+
     @staticmethod
     def _wait(future):
         return future.result()
