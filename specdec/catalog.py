@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -46,7 +46,7 @@ class Entry:
     # (``specdec.models.drafters.DrafterArgs``); reads config files only, never weights
     tap_layers: Callable[[Any], tuple[int, ...]] = no_taps
     # None: the reference is the name; else which other references this entry loads
-    claims: Callable[[str], bool] | None = field(default=None, compare=False)
+    claims: Callable[[str], bool] | None = None
 
     def builder(self) -> Callable[..., Any]:
         if not isinstance(self.load, str):
