@@ -75,3 +75,20 @@ def test_actor_sets_its_torch_threads(tiny_llama):
         assert TargetActor(tiny_llama["target"], threads=2).info().threads == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_restarted_suffix_drafter_starts_from_the_offline_index(tiny_llama, tmp_path):
+    """Ray restarts a crashed actor by constructing it again with the same arguments: the
+    served outputs its global tree had taken in are gone, the offline index is back."""
+    from specdec.models.suffix_index import SuffixIndex
+
+    pair = load_pair(tiny_llama["target"], "ngram", dtype="float64")
+    index = SuffixIndex(((5, 6, 7, 8), (9, 10, 11)), "tiny", pair.target.vocab_size)
+    suffix = {"index": str(index.save(tmp_path / "index")), "online": True}
+    args = ("suffix", tiny_llama["target"], None, "float64", 1, 600.0, "cpu", suffix)
+    target, drafter = TargetActor(tiny_llama["target"], "suffix", "float64"), DrafterActor(*args)
+    assert drafter.worker.drafter.cached_responses == 2
+    ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
+    run_rounds(target, drafter, ids, GenerationParams(max_new_tokens=12))
+    assert drafter.worker.drafter.cached_responses == 3  # the served output joined online
+    assert DrafterActor(*args).worker.drafter.cached_responses == 2  # the restart
