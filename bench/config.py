@@ -152,9 +152,10 @@ def check_methods(cfg: BenchmarkConfig) -> list[str]:
 
 def required_ref(key: str, ref: str, tracking_uri: str | None) -> str:
     from specdec.models.block_drafter import BlockDrafter
+    from specdec.models.preverifier import UNTRAINED
     from specdec.models.registry import resolve_model_ref
 
-    if key == "preverifier" and ref == "untrained":
+    if key == "preverifier" and ref == UNTRAINED:
         return ref
     path = resolve_model_ref(ref, tracking_uri)
     if not Path(path).exists():

@@ -24,11 +24,13 @@ from cluster.orchestrator import CONTROL_GROUP
 from cluster.schema import Resources, ServeArgs
 from cluster.server import Server
 from cluster.tiny import materialise
+from specdec.models.drafters import DRAFTERS
+from specdec.models.preverifier import UNTRAINED
 from specdec.models.registry import is_registry_ref
 from specdec.models.sources import NAMED_SOURCES
 from specdec.models.suffix_index import read_config
 
-BUILT_IN = {"none", "ngram", "suffix", "hybrid", "self", "untrained"}  # drafter / pre-verifier kinds with no files
+BUILT_IN = {*DRAFTERS.named(), UNTRAINED}  # drafter / pre-verifier kinds with no files
 
 
 def runtime_env(args: ServeArgs) -> dict:

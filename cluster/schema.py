@@ -2,7 +2,8 @@
 
 Unknown keys are errors (``extra="forbid"``), so a typo in a config fails at build time rather
 than serving with a default. Per-request speculative settings are validated later, by the
-core's ``SpecSettings``; this module only checks the deployment's shape.
+core's ``SpecSettings``; this module only checks the deployment's shape. The policy and
+verifier names are the core catalogs' (``POLICIES``, ``VERIFIERS``), never listed here.
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from actors.scheduler import BatchingConfig
+from specdec.algorithms.policies import POLICIES
+from specdec.algorithms.verify import VERIFIERS
 
 BATCHING = BatchingConfig()
+# Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
+PolicyName = Literal[POLICIES.names()]  # type: ignore[valid-type]
+VerifierName = Literal[VERIFIERS.names()]  # type: ignore[valid-type]
 
 
 class Strict(BaseModel):
@@ -32,13 +38,13 @@ class Resources(Strict):
 class Speculative(Strict):
     """Default speculative settings; a request's ``speculative`` body field overrides them."""
 
-    policy: Literal["fixed", "heuristic", "pacer"] = "fixed"
+    policy: PolicyName = "fixed"
     gamma: PositiveInt = 4
     block_size: PositiveInt = 4
     threshold: float = Field(0.5, ge=0, le=1)
     growth: float = Field(1.1, ge=1)
     max_draft: PositiveInt = 16
-    verify: Literal["strict", "asd", "sample"] | None = None
+    verify: VerifierName | None = None
     asd_budget: float = Field(0.0, ge=0)
     asd_gate: float = Field(0.25, ge=0)
     asd_max_exceptions: int = Field(2, ge=0)
@@ -93,7 +99,7 @@ class Batching(Strict):
 
 class ServeArgs(Strict):
     target: str  # model reference: a named source, a directory, a hub id, or tiny:DIR/target
-    drafter: str = "ngram"  # none | ngram | suffix | hybrid | self | a block-drafter dir | an AR LM
+    drafter: str = "ngram"  # a DRAFTERS name (none, ngram, ...), a block-drafter dir or an AR LM
     preverifier: str | None = None
     block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
     suffix: Suffix = Suffix()

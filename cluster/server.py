@@ -39,6 +39,7 @@ from cluster.guard import OPEN_PATHS, Guard, api_key
 from cluster.orchestrator import Orchestrator, control
 from cluster.prometheus import CONTENT_TYPE, ApiMetrics, Fanout
 from cluster.schema import ServeArgs, Speculative
+from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
 from specdec.engine.engine import Progress, check_pair, check_prompt
 from specdec.engine.settings import GenerationParams, SpecSettings
@@ -361,9 +362,9 @@ class Server:
         if spec.policy != "fixed" and self.args.drafter == "hybrid":
             raise wire.ApiError(400, "the hybrid drafter runs PACER itself; use policy fixed",
                                 param="speculative.policy", code="invalid_value")
-        if spec.policy == "pacer" and self.args.preverifier is None:
-            raise wire.ApiError(400, "policy pacer needs a pre-verifier; this server has none",
-                                param="speculative.policy", code="invalid_value")
+        if "scorer" in POLICIES.get(spec.policy).needs and self.args.preverifier is None:
+            raise wire.ApiError(400, f"policy {spec.policy} needs a pre-verifier; this server "
+                                "has none", param="speculative.policy", code="invalid_value")
         stop_ids = frozenset(req.stop_token_ids or ())
         if any(not 0 <= t < self.info.vocab_size for t in stop_ids):
             raise wire.ApiError(400, f"stop_token_ids must lie in [0, {self.info.vocab_size})",

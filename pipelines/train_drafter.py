@@ -40,10 +40,11 @@ from pipelines.common.config import (
 )
 from pipelines.common.formats import CORPUS_SCHEMA, check_tokenizer
 from pipelines.common.tables import read_table
+from specdec.algorithms.losses import LOSSES
 
 
 class LossSettings(Strict):
-    name: Literal["dpace", "dpace_p", "dpace_f", "dflash"] = "dpace"
+    name: Literal[LOSSES.names()] = "dpace"  # type: ignore[valid-type]  # a LOSSES name
     alpha: float = Field(0.5, ge=0.0, le=1.0)  # D-PACE smoothing
     gamma: float | None = None  # DFlash decay; None: the paper's default for the block size
 

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from specdec.algorithms.policies import POLICIES
-from specdec.algorithms.verify import verifier_names
+from specdec.algorithms.verify import VERIFIERS
+from specdec.models.drafters import DRAFTERS
 from specdec.models.sources import DTYPES
 
 
@@ -21,7 +22,7 @@ def add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate one completion in the single-process engine")
     g.add_argument("--target", required=True, help="named source, model directory or HF id")
     g.add_argument("--drafter", default="none",
-                   help="none | ngram | suffix | hybrid | self | block-drafter checkpoint | "
+                   help=f"{' | '.join(DRAFTERS.named())} | block-drafter checkpoint | "
                         "AR draft LM path or id")
     g.add_argument("--suffix-index", default=None,
                    help="suffix/hybrid: index directory or models:/NAME@ALIAS (none: local tree only)")
@@ -33,13 +34,13 @@ def add_generate(sub) -> None:
                    help="hybrid: a suffix score at least this skips the block drafter")
     g.add_argument("--preverifier", default=None,
                    help="pre-verifier checkpoint for PACER, or 'untrained' (random weights)")
-    g.add_argument("--policy", default="fixed", choices=sorted(POLICIES))
+    g.add_argument("--policy", default="fixed", choices=POLICIES.names())
     g.add_argument("--gamma", type=int, default=4, help="fixed draft length")
     g.add_argument("--block-size", type=int, default=4, help="PACER block size b")
     g.add_argument("--threshold", type=float, default=0.5, help="PACER threshold t")
     g.add_argument("--growth", type=float, default=1.1, help="PACER threshold growth rho")
     g.add_argument("--max-draft", type=int, default=16, help="longest draft per round")
-    g.add_argument("--verify", default=None, choices=verifier_names(),
+    g.add_argument("--verify", default=None, choices=VERIFIERS.names(),
                    help="default: strict at temperature 0, sample above")
     g.add_argument("--asd-budget", type=float, default=0.0, help="ASD regret budget B")
     g.add_argument("--asd-gate", type=float, default=0.25, help="ASD gate g")
@@ -96,10 +97,12 @@ def run_generate(args) -> int:
                         hybrid_skip=args.hybrid_skip)
     params = GenerationParams(args.max_new_tokens, args.temperature, args.seed, spec)
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
-    if args.policy == "pacer" and args.preverifier is None:
-        raise ValueError("--policy pacer needs --preverifier (a trained pre-verifier checkpoint)")
-    if args.suffix_index and args.drafter not in ("suffix", "hybrid"):
-        raise ValueError("--suffix-index needs --drafter suffix or hybrid")
+    if "scorer" in POLICIES.get(args.policy).needs and args.preverifier is None:
+        raise ValueError(f"--policy {args.policy} needs --preverifier "
+                         "(a trained pre-verifier checkpoint)")
+    if args.suffix_index and "suffix" not in DRAFTERS.resolve(args.drafter).needs:
+        readers = [e.name for e in DRAFTERS.entries if "suffix" in e.needs]
+        raise ValueError(f"--suffix-index needs --drafter {' or '.join(readers)}")
     pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device,
                      SuffixConfig(index=args.suffix_index), args.block_drafter)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, args.chat)

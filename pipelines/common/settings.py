@@ -14,10 +14,12 @@ from typing import Literal
 from pydantic import Field
 
 from pipelines.common.config import Strict
+from specdec.algorithms.verify import VERIFIERS
 
 
 class VerifierSettings(Strict):
-    name: Literal["strict", "asd"] = "strict"
+    # the greedy verifiers (a simulation replays the target's greedy tokens)
+    name: Literal[VERIFIERS.names(without="temperature")] = "strict"  # type: ignore[valid-type]
     budget: float = 0.0  # ASD B
     gate: float = 0.25  # ASD g
     max_exceptions: int = 2  # ASD M

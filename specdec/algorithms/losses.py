@@ -1,7 +1,7 @@
 """Training losses for parallel block drafters (DFlash-style).
 
 What this module is: pure-tensor loss functions for a drafter that predicts a
-block of ``B`` positions at once, plus a small registry to build them by name.
+block of ``B`` positions at once, plus ``LOSSES``, their catalog, to build them by name.
 
 * DFlash baseline -- a per-position CE with exponentially decaying weights
   (DFlash, arXiv 2602.06036; reference code z-lab/dflash).
@@ -27,13 +27,14 @@ Terms, defined once and used throughout:
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from specdec.catalog import Catalog, Entry
 
 __all__ = [
     "DPACE_VARIANTS",
@@ -379,13 +380,14 @@ def _dflash_family(*, gamma: float | None = None) -> DFlashLoss:
     return DFlashLoss(gamma=gamma)
 
 
-# name -> factory taking the loss's keyword parameters and returning a LossFn
-LOSSES: dict[str, Callable[..., LossFn]] = {
-    "dpace": _dpace_family("dpace"),
-    "dpace_p": _dpace_family("dpace_p"),
-    "dpace_f": _dpace_family("dpace_f"),
-    "dflash": _dflash_family,
-}
+# The losses: each entry's builder takes the loss's keyword parameters and returns a LossFn.
+LOSSES = Catalog(
+    "loss",
+    Entry("dpace", _dpace_family("dpace"), "D-PACE: CE weighted by expected accepted length"),
+    Entry("dpace_p", _dpace_family("dpace_p"), "D-PACE ablation: w_j = P_j"),
+    Entry("dpace_f", _dpace_family("dpace_f"), "D-PACE ablation: w_j = f_j"),
+    Entry("dflash", _dflash_family, "DFlash: CE with exponentially decaying position weights"),
+)
 
 
 def make_loss(name: str, **params: object) -> LossFn:
@@ -394,12 +396,4 @@ def make_loss(name: str, **params: object) -> LossFn:
     Parameters: ``dpace`` / ``dpace_p`` / ``dpace_f`` take ``alpha`` and
     ``batch_size``; ``dflash`` takes ``gamma`` (default: ``default_gamma(B)``).
     """
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")
-    factory = LOSSES[name]
-    try:
-        inspect.signature(factory).bind(**params)
-    except TypeError as err:
-        allowed = sorted(inspect.signature(factory).parameters)
-        raise ValueError(f"bad parameters for loss {name!r}: {err}; allowed: {allowed}") from None
-    return factory(**params)
+    return LOSSES.build(name, **params)

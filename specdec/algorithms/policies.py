@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import torch
 
+from specdec.catalog import Catalog, Entry
+
 Propose = Callable[[int], Any]  # n -> a draft block with len() and .hidden [n, D]
 Scorer = Callable[[torch.Tensor], torch.Tensor]  # hidden [n, D] -> acceptance probs [n]
 
@@ -147,13 +149,20 @@ class PacerPolicy:
         pass
 
 
-POLICIES = {"fixed": FixedPolicy, "heuristic": HeuristicPolicy, "pacer": PacerPolicy}
+# The draft policies. "scorer": the policy reads a pre-verifier's scores (a callable from the
+# drafter's hidden states to per-token probabilities), so the drafter side must hold one.
+POLICIES = Catalog(
+    "draft policy",
+    Entry("fixed", FixedPolicy, "a fixed window of gamma tokens"),
+    Entry("heuristic", HeuristicPolicy, "HF's schedule: +2 after a full accept, -1 otherwise"),
+    Entry("pacer", PacerPolicy, "PACER: blocks until the pre-verifier's mean score drops",
+          needs=frozenset({"scorer"})),
+    plural="draft policies",
+)
 
 
 def make_policy(name: str, **params) -> DraftPolicy:
     """Build a policy by name; PACER needs ``scorer=``. Unknown names and bad values raise."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown draft policy {name!r}; choose one of {sorted(POLICIES)}")
-    if name == "pacer" and params.get("scorer") is None:
-        raise ValueError("the pacer policy needs a pre-verifier (scorer)")
-    return POLICIES[name](**params)
+    if "scorer" in POLICIES.get(name).needs and params.get("scorer") is None:
+        raise ValueError(f"the {name} policy needs a pre-verifier (scorer)")
+    return POLICIES.build(name, **params)

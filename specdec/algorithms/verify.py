@@ -1,8 +1,9 @@
-"""Verification of one speculative-decoding round: the boundary types, strict greedy, a registry.
+"""Verification of one speculative-decoding round: the boundary types, strict greedy, the catalog.
 
 What this module is: the ``Verdict`` a verifier returns, the ``Verifier`` protocol every
 verification rule implements, ``StrictVerifier`` (lossless greedy), the shape checks shared by all
-verifiers, and ``make_verifier`` to build one by name ("strict", "asd", "sample").
+verifiers, and ``VERIFIERS``, the catalog of verifiers ("strict", "asd", "sample"), with
+``make_verifier`` to build one by name.
 
 What it is not: no model calls, no drafting, no KV-cache bookkeeping, no per-request state. A
 verifier sees the logits of ONE target pass and the draft it scored, and says which tokens to
@@ -21,13 +22,15 @@ Terms, used by every verifier:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from specdec.catalog import Catalog, Entry
+
 __all__ = [
+    "VERIFIERS",
     "StrictVerifier",
     "Verdict",
     "Verifier",
@@ -121,27 +124,25 @@ class StrictVerifier:
         return Verdict(accepted=accepted, tokens=commit(draft, accepted, int(greedy[accepted])))
 
 
-def _registry() -> dict[str, Callable[..., Verifier]]:
-    # Imported here, not at module top: asd.py and rejection.py import Verdict from this module.
-    from specdec.algorithms.asd import AsdVerifier
-    from specdec.algorithms.rejection import RejectionSampler
-
-    return {"strict": StrictVerifier, "asd": AsdVerifier, "sample": RejectionSampler}
+# The verifiers. ASD and sampling are named by import path: their modules import Verdict from
+# this one. "temperature": the rule samples, so it runs only at temperature > 0 (the others are
+# greedy and run only at 0).
+VERIFIERS = Catalog(
+    "verifier",
+    Entry("strict", StrictVerifier, "lossless greedy: the longest prefix equal to the argmax"),
+    Entry("asd", "specdec.algorithms.asd:AsdVerifier",
+          "approximate greedy under a regret budget (budget, gate, max_exceptions, normalized)"),
+    Entry("sample", "specdec.algorithms.rejection:RejectionSampler",
+          "speculative (rejection) sampling, lossless at temperature > 0",
+          needs=frozenset({"temperature"})),
+)
 
 
 def verifier_names() -> list[str]:
     """The names make_verifier accepts, sorted."""
-    return sorted(_registry())
+    return list(VERIFIERS.names())
 
 
 def make_verifier(name: str, **params) -> Verifier:
     """Build a verifier by name: "strict", "asd" (budget, gate, ...) or "sample" (temperature)."""
-    registry = _registry()
-    if name not in registry:
-        raise ValueError(
-            f"unknown verifier {name!r}; known verifiers: {', '.join(sorted(registry))}"
-        )
-    try:
-        return registry[name](**params)
-    except TypeError as err:  # an unknown or missing keyword
-        raise ValueError(f"bad parameters for verifier {name!r}: {err}") from err
+    return VERIFIERS.build(name, **params)

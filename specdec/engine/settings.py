@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
-from specdec.algorithms.verify import verifier_names
+from specdec.algorithms.verify import VERIFIERS
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,9 @@ class SpecSettings:
     hybrid_skip: float = 4.0  # hybrid: a suffix score at least this skips the block drafter
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown draft policy {self.policy!r}; choose one of {sorted(POLICIES)}")
-        if self.verify is not None and self.verify not in verifier_names():
-            raise ValueError(f"unknown verifier {self.verify!r}; choose one of {verifier_names()}")
+        POLICIES.get(self.policy)  # an unknown name raises, listing the known ones
+        if self.verify is not None:
+            VERIFIERS.get(self.verify)
         checks = [
             (self.gamma >= 1, f"gamma must be >= 1, got {self.gamma}"),
             (self.block_size >= 1, f"block size must be >= 1, got {self.block_size}"),
@@ -61,9 +60,10 @@ class SpecSettings:
 
     def verifier_name(self, temperature: float) -> str:
         name = self.verify or ("strict" if temperature == 0 else "sample")
-        if name == "sample" and temperature == 0:
-            raise ValueError("verify=sample needs temperature > 0")
-        if name != "sample" and temperature > 0:
+        samples = "temperature" in VERIFIERS.get(name).needs
+        if samples and temperature == 0:
+            raise ValueError(f"verify={name} needs temperature > 0")
+        if not samples and temperature > 0:
             raise ValueError(f"verify={name} is greedy; use verify=sample for temperature > 0")
         return name
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from specdec.algorithms.policies import DraftPolicy, make_policy
+from specdec.algorithms.policies import POLICIES, DraftPolicy, make_policy
 from specdec.algorithms.sampling import Sampling
 from specdec.algorithms.verify import Verifier, make_verifier
 from specdec.engine.logprobs import TokenLogprobs, score
@@ -302,7 +302,7 @@ class DraftWorker:
                              "its block draft itself; use policy fixed (gamma caps the draft)")
         extra = {}
         timers = {"preverifier": 0.0}
-        if spec.policy == "pacer":
+        if "scorer" in POLICIES.get(spec.policy).needs:
             extra["scorer"] = self._timed_scorer(timers)
         policy = make_policy(spec.policy, **spec.policy_params(), **extra)
         draft_gen, _ = generators(params.seed)

@@ -86,3 +86,28 @@ class PreVerifier(nn.Module):
         net = cls(PreVerifierConfig(**json.loads((path / CONFIG_FILE).read_text())))
         net.load_state_dict(load_file(path / WEIGHTS_FILE))
         return net.eval()
+
+
+UNTRAINED = "untrained"  # the pre-verifier reference with no files: random weights
+
+
+def untrained_preverifier(drafter, seed: int = 0) -> PreVerifier:
+    """A randomly initialised pre-verifier for a drafter: it runs, it just knows nothing yet."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return PreVerifier(PreVerifierConfig(input_size=drafter.hidden_size)).eval()
+
+
+def load_preverifier(ref: str | None, drafter) -> PreVerifier | None:
+    """The pre-verifier ``ref`` (a checkpoint directory, or ``untrained``) for ``drafter``, whose
+    hidden states it reads; None without a reference or when the drafter holds its own (the
+    hybrid)."""
+    if not ref or getattr(drafter, "pacer_inside", False):
+        return None
+    if ref == UNTRAINED:
+        return untrained_preverifier(drafter) if drafter is not None else None
+    preverifier = PreVerifier.load(ref)
+    if drafter is not None and preverifier.c.input_size != drafter.hidden_size:
+        raise ValueError(f"pre-verifier {ref} reads {preverifier.c.input_size}-wide "
+                         f"states; the drafter's are {drafter.hidden_size}-wide")
+    return preverifier

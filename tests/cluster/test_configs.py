@@ -49,3 +49,24 @@ def test_suffix_and_hybrid_args():
 def test_local_default_drafter_is_known():
     doc = yaml.safe_load((CONFIGS[0].parent / "local.yaml").read_text())
     assert doc.get("default_drafter", "block") in ("block", "suffix", "hybrid")
+
+
+def test_policy_and_verifier_names_come_from_the_catalogs():
+    from specdec.algorithms.policies import POLICIES
+    from specdec.algorithms.verify import VERIFIERS
+
+    for name in POLICIES:
+        ServeArgs.model_validate({"target": "x", "speculative": {"policy": name}})
+    for name in VERIFIERS:
+        ServeArgs.model_validate({"target": "x", "speculative": {"verify": name}})
+    with pytest.raises(ValidationError, match="policy"):
+        ServeArgs.model_validate({"target": "x", "speculative": {"policy": "eagle"}})
+    with pytest.raises(ValidationError, match="verify"):
+        ServeArgs.model_validate({"target": "x", "speculative": {"verify": "typical"}})
+
+
+def test_built_in_references_are_the_drafter_catalogs_names():
+    from cluster.app import BUILT_IN
+    from specdec.models.drafters import DRAFTERS
+
+    assert BUILT_IN == {*DRAFTERS.named(), "untrained"}
