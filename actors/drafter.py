@@ -77,10 +77,3 @@ class DrafterActor(RequestHost):
         call = DraftCall(limit, None if commit is None else (commit.result, commit.drafted))
         return self._guarded(rid, lambda: self.scheduler.draft(rid, call).result().value)
 
-    def close(self, rid: str) -> None:
-        self.scheduler.close(rid)
-        self.leases.drop(rid)
-
-    def free(self, rid: str) -> None:
-        self.scheduler.close(rid, final=False)
-        self.leases.drop(rid)

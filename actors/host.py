@@ -2,22 +2,26 @@
 
 ``RequestHost`` frees a request on ``close``, on any error in one of its calls, and when it has
 been idle past the TTL (``sweep``); it reports which requests hold state and the process's
-memory. Subclasses set ``self.worker`` (a core worker with a ``requests`` dict and ``close``)
-and ``self.leases``.
+memory. Subclasses set ``self.worker`` (a core worker with a ``requests`` dict and ``close``),
+``self.scheduler`` (the ``actors.scheduler`` loop that runs the worker's calls, and frees) and
+``self.leases``.
 """
 
 from __future__ import annotations
 
 from actors.leases import Leases
 from actors.process import process_info
+from actors.scheduler import BatchLoop
 
 
 class RequestHost:
     worker: object
+    scheduler: BatchLoop
     leases: Leases
 
     def close(self, rid: str) -> None:
-        self.worker.close(rid)
+        """The caller ends the request (finish, cancel, reaper): freed, its id remembered."""
+        self.scheduler.close(rid)
         self.leases.drop(rid)
 
     def sweep(self) -> list[str]:
@@ -38,8 +42,9 @@ class RequestHost:
         return process_info()
 
     def free(self, rid: str) -> None:
-        """Free a request after one of its calls failed (``close`` is the caller's ending)."""
-        self.close(rid)
+        """Free a request after one of its calls failed; its id may be opened again."""
+        self.scheduler.close(rid, final=False)
+        self.leases.drop(rid)
 
     def _guarded(self, rid: str, fn, *args):
         """Run one call of a request: renew its lease on success, free its state on error."""

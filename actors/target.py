@@ -79,14 +79,6 @@ class TargetActor(RequestHost):
         done = self._guarded(rid, self._wait, self.scheduler.verify(rid, draft))
         return Verified(done.value, done.room, done.draft_cap, done.info)
 
-    def close(self, rid: str) -> None:
-        self.scheduler.close(rid)
-        self.leases.drop(rid)
-
-    def free(self, rid: str) -> None:
-        self.scheduler.close(rid, final=False)
-        self.leases.drop(rid)
-
     @staticmethod
     def _wait(future):
         return future.result()
