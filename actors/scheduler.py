@@ -240,7 +240,8 @@ class BatchLoop:
                         self.running.discard(w.rid)
                         self.queue = [q for q in self.queue if q is not w]
                     continue
-                self.running.add(w.rid)
+                if w.rid not in self.closed:  # a close during the step has the last word
+                    self.running.add(w.rid)
             cap = self.config.draft_cap(len(self.running))
         for w, _ in batch:
             outcome = results.get(w.rid)

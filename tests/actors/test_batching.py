@@ -121,6 +121,7 @@ def test_a_close_frees_the_request_at_once_and_spares_the_others(tiny_llama, pai
     for rid in ("r0", "r2"):
         assert out[rid] == engine.generate(*jobs[rid]).token_ids, rid
     assert target.active() == [] and drafter.active() == []
+    assert target.scheduler.running == set() == drafter.scheduler.running  # none expected
     with pytest.raises(Closed):  # a closed request's later work is refused
         target.scheduler.verify("r1", Draft([], None)).result(5)
 
