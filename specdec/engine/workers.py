@@ -97,7 +97,6 @@ class StepResult:
     verified: dict[str, RoundResult] = field(default_factory=dict)
     failed: dict[str, Exception] = field(default_factory=dict)
     forward_s: float = 0.0  # the one shared forward
-    tokens: int = 0  # tokens it fed
 
 
 class TargetWorker:
@@ -160,11 +159,6 @@ class TargetWorker:
                                            prompt=list(req.prompt_ids),
                                            logprobs=req.params.logprobs)
 
-    def prefill_left(self, rid: str) -> int:
-        """Prompt tokens of an admitted request not prefilled yet (0 once it is open)."""
-        req = self.requests[rid]
-        return 0 if req.prompt is None else len(req.prompt) - req.prefilled
-
     def step(self, prefill: dict[str, int] | None = None,
              drafts: dict[str, Draft] | None = None) -> StepResult:
         """One forward: the next ``prefill[rid]`` prompt tokens of each prefilling request and
@@ -196,7 +190,7 @@ class TargetWorker:
             [self.requests[rid].state for rid in feeds], [ids for ids, _ in feeds.values()],
             taps=self.features, last_logits_only=[last for _, last in feeds.values()],
         ) if feeds else []
-        out.forward_s, out.tokens = time.perf_counter() - t0, sum(len(i) for i, _ in feeds.values())
+        out.forward_s = time.perf_counter() - t0
         scored = dict(zip(feeds, outs, strict=True))
         for rid in prefill:
             if rid in scored:
