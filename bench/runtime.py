@@ -3,7 +3,8 @@
 On SmolLM2-135M, per dtype (float32, bfloat16), 2 torch threads, nothing else running:
   - time per pass, a 128-token context cached: batch 1 x {1, 4, 8, 16} new tokens and batch
     8 x {1, 4}, the runtime and transformers (DynamicCache, batched) side by side, medians over
-    repeats, interleaved; the runtime also with the other weight layout (the layout probe);
+    repeats, interleaved; the runtime also with the other weight layout (the layout probe:
+    plain ``[out, in]`` where the dtype keeps extra copies, with them where it keeps none);
   - plain autoregressive tokens/s: the engine on the runtime (as ``specdec generate`` runs it)
     vs transformers ``generate`` of the same dtype, 8 HumanEval + 8 held-out ShareGPT prompts
     (picked as ``bench.config.load_prompts`` picks them from the corpus's benchmark
@@ -204,17 +205,26 @@ def ar_runs(model, target: TargetModel, prompts: list[dict], n: int, exact: bool
             "equal_prompts": sum(r["equal"] for r in per), "prompts": per}
 
 
+def layout(w: Weights) -> str:
+    parts = ["[out, in] F.linear"]
+    if w.lm_head.wt is not None:
+        parts.append("[in, out] x @ wt for single rows")
+    if w.lm_head.packed is not None:
+        parts.append("oneDNN-packed for several rows")
+    return " + ".join(parts)
+
+
 def bench_dtype(dtype: str, path: str, tokenizer, prompts, args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).eval()
     target = TargetModel(model, tokenizer, backend="runtime", pool_size=16)
     fwd = target.runtime
-    flipped = Weights.from_hf(model, single_row_copy=fwd.w.lm_head.wt is None)
-    other = Forward(flipped, fwd.pool)
+    plain = fwd.w.lm_head.wt is None and fwd.w.lm_head.packed is None
+    other = Forward(Weights.from_hf(model, single_row_copy=plain, multi_row_pack=plain), fwd.pool)
     passes = pass_times(model, fwd, other, args.repeats)
     ar = ar_runs(model, target, prompts, args.max_new_tokens, exact=dtype == "float32")
     by = {(r["batch"], r["new_tokens"]): r for r in passes}
     decode = by[(1, 1)]["runtime_ms"]
-    return {"dtype": dtype, "layout": "[out, in] F.linear + [in, out] x @ wt for single rows" if fwd.w.lm_head.wt is not None else "[out, in] F.linear",
+    return {"dtype": dtype, "layout": layout(fwd.w), "other_layout": layout(other.w),
             "passes": passes, "ar": ar, "weight_bytes": weight_bytes(fwd.w),
             "ratios": {"verify16_over_decode1": round(by[(1, 16)]["runtime_ms"] / decode, 3),
                        "batch8_over_batch1": round(by[(8, 1)]["runtime_ms"] / decode, 3),
