@@ -107,9 +107,9 @@ class Evaluator:
         from specdec.engine.settings import GenerationParams, SpecSettings
 
         v = self.cfg.verifier  # a setting's own verify / asd_* keys win
-        verifier = dict(verify=v.name, asd_budget=v.budget, asd_gate=v.gate,
-                        asd_max_exceptions=v.max_exceptions)
-        spec = SpecSettings(**(verifier | setting))
+        params = v.params()
+        spec = SpecSettings(verify=v.name, **({v.name: params} if params else {}))
+        spec = spec.updated(**setting)
         return GenerationParams(max_new_tokens=self.cfg.max_new_tokens, spec=spec)
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -82,6 +82,14 @@ def pydantic_field(cls: type, f: dataclasses.Field, *, default: Any = dataclasse
     return kind(cls, f), Field(value, description=f.metadata["help"], **f.metadata["bounds"])
 
 
+def pydantic_model(cls: type):
+    """A strict pydantic model of a config's knobs (unknown keys are errors), named after it."""
+    from pydantic import ConfigDict, create_model
+
+    return create_model(cls.__name__, __config__=ConfigDict(extra="forbid", frozen=True),
+                        **{f.name: pydantic_field(cls, f) for f in knobs(cls)})
+
+
 def add_option(parser, cls: type, f: dataclasses.Field, flag: str, dest: str) -> None:
     """An argparse option ``--flag`` for a knob: its type, default and help (a bool knob is a
     switch)."""

@@ -48,7 +48,7 @@ class DraftPolicy(Protocol):
 
 @dataclass(frozen=True)
 class FixedConfig(Knobs):
-    gamma: int = knob(4, "gamma: tokens drafted every round", ge=1)
+    gamma: int = knob(4, "gamma: tokens drafted every round", ge=1, flat="gamma")
 
 
 @dataclass(frozen=True)
