@@ -73,13 +73,15 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def pydantic_field(cls: type, f: dataclasses.Field, *, default: Any = dataclasses.MISSING):
-    """``(type, FieldInfo)`` for ``pydantic.create_model``: the knob's type, default (or
-    ``default``), bounds and help."""
+def pydantic_field(cls: type, f: dataclasses.Field, *, optional: bool = False):
+    """``(type, FieldInfo)`` for ``pydantic.create_model``: the knob's type, default, bounds and
+    help; ``optional``: ``type | None`` defaulting to None (unset: the config's default)."""
     from pydantic import Field
 
-    value = f.default if default is dataclasses.MISSING else default
-    return kind(cls, f), Field(value, description=f.metadata["help"], **f.metadata["bounds"])
+    if optional:
+        return kind(cls, f) | None, Field(None, description=f.metadata["help"],
+                                          **f.metadata["bounds"])
+    return kind(cls, f), Field(f.default, description=f.metadata["help"], **f.metadata["bounds"])
 
 
 def pydantic_model(cls: type):
