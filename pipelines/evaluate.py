@@ -205,7 +205,7 @@ def run(cfg: EvaluateConfig) -> dict:
         log_params(cfg.model_dump())
         settings = [fixed(g) for g in cfg.fixed_gammas]
         if cfg.sweep:
-            max_draft = cfg.pacer.max_draft if cfg.pacer else 16
+            max_draft = (cfg.pacer or PacerSettings()).max_draft
             swept = evaluate_settings(cfg, refs, grid(cfg.sweep, max_draft), cfg.sweep.prompts,
                                       cfg.sweep.limit)
             log_summary(swept, "sweep")
