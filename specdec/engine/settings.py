@@ -9,20 +9,24 @@ is declared here. The chosen policy is built from its section, the chosen verifi
 suffix drafter reads ``suffix``, the hybrid ``hybrid`` and ``pacer`` (it runs PACER itself).
 
 The flat form (the HTTP ``speculative`` body, the serve YAML and the CLI of before the configs)
-keeps working: ``FLAT`` maps each flat key to the knobs it sets, from ``knob(flat=...)``, else
-``<section>_<field>``:
+keeps working: ``FLAT`` maps each flat key to every knob it sets (``knob(flat=...)``, else
+``<section>_<field>``):
 
-    gamma -> fixed.gamma, heuristic.initial      max_draft -> heuristic.max_len, pacer.max_len,
-    block_size, threshold, growth -> pacer.*                  suffix.max_len
+    gamma                 -> fixed.gamma, heuristic.initial
+    max_draft             -> heuristic.max_len, pacer.max_len, suffix.max_len
+    block_size, threshold, growth            -> pacer.block_size, .threshold, .growth
     asd_budget, asd_gate, asd_max_exceptions, asd_normalized -> asd.budget, .gate, ...
-    suffix_factor, suffix_offset, suffix_min_prob -> suffix.factor, .offset, .min_prob
-    hybrid_skip -> hybrid.skip
+    suffix_factor, suffix_offset, suffix_min_prob            -> suffix.factor, .offset, .min_prob
+    hybrid_skip           -> hybrid.skip
 
-and, as before, heuristic.initial is at most heuristic.max_len when either is set flat. Sections
-can be given whole instead (``pacer={"threshold": 0.6}`` or a ``PacerConfig``); in one call a
-section's fields win over flat keys. Plain frozen dataclasses, validated on construction so that
-bad input fails before any model runs; the serving and training layers derive their schemas from
-``FLAT`` and ``SECTIONS`` (``flat_fields``, ``section_models``).
+and, as before, heuristic.initial is at most heuristic.max_len when gamma or max_draft is set
+flat. Sections can be given whole instead (``pacer={"threshold": 0.6}`` or a ``PacerConfig``);
+in one call a section's fields win over flat keys; ``updated`` lays one call over another (a
+request over a server's defaults).
+
+What it is not: no schema. The serving and training layers build their pydantic models from
+``FLAT`` and ``SECTIONS`` (``flat_fields``, ``section_models``); these plain frozen dataclasses
+are validated on construction so that bad input fails before any model runs.
 """
 
 from __future__ import annotations
