@@ -13,9 +13,13 @@ Requests join and leave between steps. The two schedulers differ in what a step 
 - ``DraftScheduler``: commit the previous rounds and draft the next ones of all queued
   requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter forwards batched).
 
-*Gathering*: a step starts once every running request has work queued, or ``gather_s`` after
-the oldest queued item arrived (a running request may be away: drafting, streaming to its
-client, or finished without a close yet), or when ``max_batch`` items are queued.
+*Gathering*: a step starts once every running request has work queued, or when ``max_batch``
+items are queued, or once the oldest queued item has waited the gathering window (a running
+request may be away: drafting, streaming to its client, or finished without a close yet). The
+window is ``gather_share`` of the last step's duration, and at least ``gather_s``: the requests
+of a step come back about one round trip after it, spread by the trip through the Serve
+replica and the other actor; waiting a fraction of a step for the stragglers is cheaper than
+running them in a second step of their own (a step's cost grows far slower than its rows).
 
 A ``close`` takes a request out at once: its queued items fail with ``Closed``, its state is
 freed as soon as the step in flight (if any) ends, and later items of it are refused. The
@@ -48,15 +52,16 @@ class BatchingConfig:
 
     max_batch: int = 32  # requests per step
     token_budget: int = 512  # target tokens fed per step; longer prefills are chunked
-    gather_s: float = 0.004  # longest wait for running requests' next work before a step
+    gather_s: float = 0.004  # shortest gathering window (see the module docstring)
+    gather_share: float = 0.5  # the window as a share of the last step's duration, if longer
     # load-aware speculation: (batch size from, longest draft) pairs, the largest size <= the
     # number of running requests applies; empty: no cap beyond the request's own
     draft_caps: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
-        if self.max_batch < 1 or self.token_budget < 1 or self.gather_s < 0:
-            raise ValueError(f"batching needs max_batch >= 1, token_budget >= 1 and "
-                             f"gather_s >= 0, got {self}")
+        if self.max_batch < 1 or self.token_budget < 1 or self.gather_s < 0 or self.gather_share < 0:
+            raise ValueError(f"batching needs max_batch >= 1, token_budget >= 1, gather_s >= 0 "
+                             f"and gather_share >= 0, got {self}")
         if any(size < 1 or cap < 1 for size, cap in self.draft_caps):
             raise ValueError(f"draft_caps entries are (batch size >= 1, cap >= 1), got "
                              f"{self.draft_caps}")
@@ -135,6 +140,7 @@ class BatchLoop:
         self.closed: set[str] = set()  # recently closed ids: their later work is refused
         self.closed_order: deque[str] = deque()  # the same, oldest first (bounded)
         self.steps = itertools.count()
+        self.last_step_s = 0.0  # the duration of the last step (it sets the gathering window)
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self.thread.start()
@@ -196,7 +202,8 @@ class BatchLoop:
                     for w, _ in batch:
                         self.worker.close(w.rid)
                 slots = len(self.worker.requests)
-            self._resolve(batch, results, started, time.perf_counter() - started, slots)
+            seconds = time.perf_counter() - started
+            self._resolve(batch, results, started, seconds, slots)
 
     def _gather(self) -> list[tuple[Work, int]] | None:
         """Wait for work and for the gathering rule; return the step's items (under cond)."""
@@ -204,11 +211,15 @@ class BatchLoop:
             if not self.queue:
                 self.cond.wait()
                 continue
-            wait = self.queue[0].arrived + self.config.gather_s - time.perf_counter()
+            wait = self.queue[0].arrived + self.window() - time.perf_counter()
             if self._ready() or wait <= 0:
                 return self._take()
             self.cond.wait(wait)
         return None
+
+    def window(self) -> float:
+        """How long the oldest queued item may wait for the running requests' work."""
+        return max(self.config.gather_s, self.config.gather_share * self.last_step_s)
 
     def _ready(self) -> bool:
         queued = {w.rid for w in self.queue}
@@ -233,6 +244,7 @@ class BatchLoop:
         step = next(self.steps)
         tokens = sum(n for _, n in batch)
         with self.cond:
+            self.last_step_s = seconds
             for w, _ in batch:
                 outcome = results.get(w.rid)
                 if isinstance(outcome, Exception) or not w.completes:

@@ -78,8 +78,10 @@ class Batching(Strict):
     max_batch: PositiveInt = BATCHING.max_batch  # requests per step
     # target tokens per step; longer prompts are prefilled in chunks
     token_budget: PositiveInt = BATCHING.token_budget
-    # longest wait for running requests' work before a step
+    # how long a step waits for running requests' work: gather_share of the last step's
+    # duration, and at least gather_ms
     gather_ms: float = Field(BATCHING.gather_s * 1000, ge=0)
+    gather_share: float = Field(BATCHING.gather_share, ge=0)
     # load-aware speculation: {batch size from: longest draft}; the largest size <= the running
     # requests applies (none: the request's own limit)
     draft_caps: dict[PositiveInt, PositiveInt] = {}
@@ -87,7 +89,8 @@ class Batching(Strict):
     def actor_config(self) -> dict:
         """The ``actors.scheduler.BatchingConfig`` fields."""
         return {"max_batch": self.max_batch, "token_budget": self.token_budget,
-                "gather_s": self.gather_ms / 1000, "draft_caps": dict(self.draft_caps)}
+                "gather_s": self.gather_ms / 1000, "gather_share": self.gather_share,
+                "draft_caps": dict(self.draft_caps)}
 
 
 class ServeArgs(Strict):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.runtime.pool import KVPool
-from specdec.runtime.weights import Layer, Proj, Weights
+from specdec.runtime.weights import Layer, Proj, Weights, packed_linear
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,14 @@ class Forward:
 
     @staticmethod
     def linear(x: torch.Tensor, p: Proj) -> torch.Tensor:
-        """x: [..., in] -> [..., out]; a single row uses the [in, out] copy where there is one."""
-        if p.wt is not None and x.numel() == x.shape[-1]:
-            y = x @ p.wt
-            return y if p.bias is None else y + p.bias
+        """x: [..., in] -> [..., out]; a single row uses the [in, out] copy and several rows the
+        oneDNN-packed weight, where the layout has them (see ``weights``)."""
+        if x.numel() == x.shape[-1]:
+            if p.wt is not None:
+                y = x @ p.wt
+                return y if p.bias is None else y + p.bias
+        elif p.packed is not None:
+            return packed_linear(x, p.packed, p.bias)
         return F.linear(x, p.w, p.bias)
 
     @torch.inference_mode()

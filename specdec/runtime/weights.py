@@ -5,12 +5,18 @@
 full attention in every layer, RoPE of type default, linear or llama3. ``Weights.from_hf`` takes
 the tensors of a loaded transformers model (the loader and the test reference; its forward never
 runs here) and fuses q/k/v and gate/up (the HF modules then hold views of the fused tensors, so
-the weights are not stored twice). Layout, by measurement (pipelines/bench_runtime.py and
-docs/BENCHMARKS.md): every projection is ``[out, in]`` for ``F.linear``; in float32 each also
-keeps a pre-transposed contiguous ``[in, out]`` copy for single-row passes (``x @ wt``: a decode
-step, a prefill's lm_head), where MKL runs GEMV on that layout about 1.4x (layers) to 2x
-(lm_head) faster on this AMD EPYC (AVX2), while ``[out, in]`` is the faster one from 4 rows on.
-bfloat16 has no such copy: ``x @ wt`` in bf16 was 6-9x slower than ``F.linear``.
+the weights are not stored twice). Layout, by measurement (bench/runtime.py and
+docs/BENCHMARKS.md), for float32 on this AMD EPYC (AVX2), where MKL's ``F.linear`` over a few
+rows costs 2-3x one row (it repacks the weight on every call):
+- a pass of one row (a decode step, a prefill's lm_head) runs ``x @ wt`` on a pre-transposed
+  contiguous ``[in, out]`` copy: GEMV, about 1.4x (layers) to 2x (lm_head) faster than
+  ``F.linear``;
+- a pass of several rows (a verify, a batched step, a prefill) runs oneDNN's linear on a copy
+  of the weight reordered once, at load, into oneDNN's blocked layout (``packed``): 8 rows cost
+  about 1.2x one row instead of 2.7x (``pack``, below; CPU only, when PyTorch has oneDNN).
+The ``[out, in]`` weight itself stays for everything else (float64, bfloat16, GPUs, and the HF
+model, which shares its storage). bfloat16 has no copies: ``x @ wt`` in bf16 was 6-9x slower
+than ``F.linear``.
 
 RoPE follows transformers' definition exactly, float32 arithmetic included (its cos/sin are
 computed in float32 whatever the model dtype, then cast): ``inv_freq_i = 1 / theta^(2i/d)``,
@@ -27,6 +33,24 @@ import torch
 FAMILY = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 SINGLE_ROW_COPY = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
+MULTI_ROW_PACK = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
+
+
+def can_pack(w: torch.Tensor) -> bool:
+    """Whether oneDNN can hold ``w`` packed for multi-row passes here (a CPU float32 weight)."""
+    return (w.device.type == "cpu" and w.dtype == torch.float32
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [out, in] reordered into oneDNN's layout, for ``packed_linear``."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] -> [..., out] through oneDNN's linear on a ``pack``ed weight."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def rope_params(config) -> dict:
@@ -118,6 +142,27 @@ class Proj:
     w: torch.Tensor  # [out, in], for F.linear
     wt: torch.Tensor | None  # [in, out] contiguous copy for single-row passes (float32), or None
     bias: torch.Tensor | None  # [out] (Qwen2's q/k/v)
+    packed: torch.Tensor | None = None  # oneDNN-packed w for multi-row passes (float32 CPU)
+
+    @classmethod
+    def of(cls, w: torch.Tensor, bias: torch.Tensor | None, layout: Layout) -> Proj:
+        return cls(w, w.t().contiguous() if layout.single_row_copy else None, bias,
+                   pack(w) if layout.multi_row_pack and can_pack(w) else None)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which extra copies of each weight the forward keeps (see the module docstring); None:
+    as measured fastest for the dtype (``SINGLE_ROW_COPY``, ``MULTI_ROW_PACK``)."""
+
+    single_row_copy: bool
+    multi_row_pack: bool
+
+    @classmethod
+    def for_dtype(cls, dtype: torch.dtype, single_row_copy: bool | None = None,
+                  multi_row_pack: bool | None = None) -> Layout:
+        return cls(SINGLE_ROW_COPY.get(dtype, False) if single_row_copy is None else single_row_copy,
+                   MULTI_ROW_PACK.get(dtype, False) if multi_row_pack is None else multi_row_pack)
 
 
 @dataclass(frozen=True)
@@ -143,37 +188,37 @@ class Weights:
     sin: torch.Tensor  # [max_len, d]
 
     @classmethod
-    def from_hf(cls, model, single_row_copy: bool | None = None) -> Weights:
-        """``single_row_copy`` None: as measured fastest for the dtype (``SINGLE_ROW_COPY``)."""
+    def from_hf(cls, model, single_row_copy: bool | None = None,
+                multi_row_pack: bool | None = None) -> Weights:
+        """The two flags pick the extra weight copies (``Layout``); None: as measured fastest."""
         config = model.config
         reason = unsupported(config)
         if reason:
             raise ValueError(f"the runtime cannot run this model: {reason}")
         shape = Shape.from_config(config)
         dtype = next(model.parameters()).dtype
-        if single_row_copy is None:
-            single_row_copy = SINGLE_ROW_COPY.get(dtype, False)
-        layers = tuple(hf_layer(block, single_row_copy) for block in model.model.layers)
+        layout = Layout.for_dtype(dtype, single_row_copy, multi_row_pack)
+        layers = tuple(hf_layer(block, layout) for block in model.model.layers)
         cos, sin = rope_table(config, shape.head_dim, shape.max_len, dtype)
         device = model.model.embed_tokens.weight.device
         head = model.get_output_embeddings().weight.detach()
         return cls(shape, model.model.embed_tokens.weight.detach(), layers,
                    model.model.norm.weight.detach(),
-                   Proj(head, head.t().contiguous() if single_row_copy else None, None),
+                   Proj.of(head, None, layout),
                    cos.to(device), sin.to(device))
 
 
-def fuse(linears, single_row_copy: bool) -> Proj:
+def fuse(linears, layout: Layout) -> Proj:
     """Concatenate the outputs of ``linears`` into one projection; the modules keep views of it."""
     with torch.no_grad():
         w = torch.cat([m.weight.detach() for m in linears]).contiguous()  # [out, in]
         for m, part in zip(linears, w.split([m.out_features for m in linears]), strict=True):
             m.weight.data = part  # the HF model shares the fused storage
     bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
-    return Proj(w, w.t().contiguous() if single_row_copy else None, bias)
+    return Proj.of(w, bias, layout)
 
 
-def hf_layer(block, single_row_copy: bool) -> Layer:
+def hf_layer(block, layout: Layout) -> Layer:
     attn, mlp = block.self_attn, block.mlp
 
     def norm(name):
@@ -181,8 +226,8 @@ def hf_layer(block, single_row_copy: bool) -> Layer:
         return None if module is None else module.weight.detach()
 
     return Layer(block.input_layernorm.weight.detach(),
-                 fuse([attn.q_proj, attn.k_proj, attn.v_proj], single_row_copy),
-                 norm("q_norm"), norm("k_norm"), fuse([attn.o_proj], single_row_copy),
+                 fuse([attn.q_proj, attn.k_proj, attn.v_proj], layout),
+                 norm("q_norm"), norm("k_norm"), fuse([attn.o_proj], layout),
                  block.post_attention_layernorm.weight.detach(),
-                 fuse([mlp.gate_proj, mlp.up_proj], single_row_copy),
-                 fuse([mlp.down_proj], single_row_copy))
+                 fuse([mlp.gate_proj, mlp.up_proj], layout),
+                 fuse([mlp.down_proj], layout))

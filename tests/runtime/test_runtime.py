@@ -195,3 +195,33 @@ def test_float32_single_row_copies_equal_the_reference(hf):
     torch.testing.assert_close(prefill.logits, logits[10:11], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(decode.logits, logits[11:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(decode.taps, taps[11:], rtol=1e-4, atol=1e-4)
+
+
+def test_float32_packed_multi_row_passes_equal_the_reference(hf):
+    """The float32 multi-row fast path (oneDNN linear on weights packed at load) against HF and
+    against the plain [out, in] layout: a prefill, a ragged two-request verify, a 7-row append."""
+    from specdec.runtime.weights import can_pack
+
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
+    model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
+    if not can_pack(model.model.embed_tokens.weight):
+        pytest.skip("this PyTorch build has no oneDNN")
+    s = Weights.from_hf(model).shape
+    passes = {}
+    for packed in (True, False):
+        w = Weights.from_hf(model, multi_row_pack=packed)
+        assert (w.layers[0].gate_up.packed is not None) == packed and (w.lm_head.packed is not None) == packed
+        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
+        a, b = fwd.pool.acquire(), fwd.pool.acquire()
+        every = range(7)
+        first = fwd([Row(a, seq(9, 1), logits_at=range(9), taps_at=range(9)),
+                     Row(b, seq(4, 2), logits_at=range(4), taps_at=range(4))])
+        second = fwd([Row(a, seq(7, 3), logits_at=every, taps_at=every)])
+        passes[packed] = first + second
+    logits, taps = reference(model, seq(9, 1) + seq(7, 3))
+    torch.testing.assert_close(passes[True][2].logits, logits[9:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(passes[True][2].taps, taps[9:], rtol=1e-4, atol=1e-4)
+    for fast, plain in zip(passes[True], passes[False], strict=True):
+        torch.testing.assert_close(fast.logits, plain.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fast.taps, plain.taps, rtol=1e-5, atol=1e-5)
+        assert torch.equal(fast.logits.argmax(-1), plain.logits.argmax(-1))

@@ -1,0 +1,78 @@
+"""The gathering rule of ``actors.scheduler.BatchLoop``: how long a step waits for the work of
+running requests. A loop whose step sleeps a known time stands in for a model, so the window
+(``gather_share`` of the last step, at least ``gather_s``) is checked against fixed times."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.scheduler import BatchingConfig, BatchLoop
+
+STEP_S = 0.2
+
+
+class Slots:
+    """The worker side: which requests hold state."""
+
+    def __init__(self):
+        self.requests: dict[str, None] = {}
+
+    def close(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+
+
+class Sleeper(BatchLoop):
+    """A step sleeps STEP_S and answers each item with the step's number."""
+
+    name = "sleeper"
+
+    def __init__(self, config: BatchingConfig):
+        super().__init__(Slots(), config)
+        self.done = 0
+
+    def execute(self, batch):
+        time.sleep(STEP_S)
+        self.done += 1
+        for w, _ in batch:
+            self.worker.requests[w.rid] = None
+        return {w.rid: (self.done, 0) for w, _ in batch}
+
+
+def second_steps(config: BatchingConfig, late_s: float) -> tuple[int, int]:
+    """Two requests run a first step together; then one comes back at once and the other
+    ``late_s`` later. Returns the step index each one's second item ran in."""
+    loop = Sleeper(config)
+    try:
+        first = [loop.submit(rid, None) for rid in ("a", "b")]
+        assert {f.result(5).value for f in first} == {1}  # both running now
+        a = loop.submit("a", None)
+        time.sleep(late_s)
+        b = loop.submit("b", None)
+        return a.result(5).value, b.result(5).value
+    finally:
+        loop.stop()
+
+
+def test_a_straggler_within_the_share_of_the_last_step_joins_the_step():
+    # window = 0.5 x 0.2 s = 100 ms: b, 40 ms late, is waited for
+    a, b = second_steps(BatchingConfig(gather_s=0.001, gather_share=0.5), late_s=0.04)
+    assert a == b == 2
+
+
+def test_without_the_share_a_straggler_past_gather_s_runs_in_a_step_of_its_own():
+    a, b = second_steps(BatchingConfig(gather_s=0.001, gather_share=0.0), late_s=0.04)
+    assert (a, b) == (2, 3)
+
+
+def test_the_window_never_waits_longer_than_the_share():
+    # b comes 150 ms late, past the 100 ms window: a's step does not wait for it
+    a, b = second_steps(BatchingConfig(gather_s=0.001, gather_share=0.5), late_s=0.15)
+    assert (a, b) == (2, 3)
+
+
+@pytest.mark.parametrize("share", [-0.1])
+def test_a_negative_share_is_refused(share):
+    with pytest.raises(ValueError, match="gather_share"):
+        BatchingConfig(gather_share=share)
