@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
-from pydantic import Field
+from pydantic import Field, create_model, model_serializer
 
 from bench import humaneval
 from bench.methods import Method, Prompt, method_table
 from pipelines.common.config import MlflowSettings, Strict, default_output
 from pipelines.common.settings import PacerSettings
 from pipelines.common.tables import read_table
+from specdec.engine.settings import FLAT, flat_knob
+from specdec.knobs import pydantic_field
 
 PROMPTS = pa.schema([("id", pa.string()), ("source", pa.string()), ("split", pa.string()),
                      ("prompt_ids", pa.list_(pa.int32()))])
@@ -43,10 +45,33 @@ class Workloads(Strict):
     sharegpt: Workload = Workload()  # a seeded choice from the held-out benchmark split
 
 
-class AsdSettings(Strict):
-    gate: float = Field(0.25, ge=0)  # g (the authors' config; pacer_defaults.json's pick wins)
-    max_exceptions: int = Field(2, ge=0)  # M (the same)
+# ASD's knobs but its budget B (swept: ``budgets``), by flat key (asd_gate -> gate, ...)
+ASD_FLAT = {key: name for key, ((section, name), *_) in FLAT.items()
+            if section == "asd" and name != "budget"}
+HASHED = ("gate", "max_exceptions")  # the ASD knobs every journal of before hashed
+
+
+class _Asd(Strict):
     budgets: list[float] = [2.0, 4.0, 8.0]  # B, one method each
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Knobs other than ``HASHED`` are dumped only when set, so the journal fingerprint of a
+        config that leaves them out is the one it had before they existed."""
+        return {k: v for k, v in handler(self).items()
+                if k in HASHED or k == "budgets" or v is not None}
+
+    def knobs(self) -> dict:
+        """The ASD methods' flat settings but the budget (unset knobs: the config's default)."""
+        return {key: getattr(self, name) for key, name in ASD_FLAT.items()
+                if getattr(self, name) is not None}
+
+
+# g and M with ASD's defaults (the authors'; pacer_defaults.json's pick wins), every other ASD
+# knob optional; each with its AsdConfig type, bounds and help
+AsdSettings = create_model("AsdSettings", __base__=_Asd, **{
+    name: pydantic_field(*flat_knob(key), optional=name not in HASHED)
+    for key, name in ASD_FLAT.items()})
 
 
 class BenchmarkConfig(Strict):
@@ -121,24 +146,22 @@ def tuned(cfg: BenchmarkConfig) -> dict:
 
 def pacer_settings(cfg: BenchmarkConfig) -> PacerSettings:
     found = tuned(cfg)
-    keys = ("block_size", "threshold", "growth", "max_draft")
-    return PacerSettings.model_validate(cfg.pacer.model_dump() | {k: found[k] for k in keys
-                                                                   if k in found})
+    return PacerSettings.model_validate(cfg.pacer.model_dump() | {
+        k: found[k] for k in PacerSettings.model_fields if k in found})
 
 
 def asd_settings(cfg: BenchmarkConfig) -> AsdSettings:
     """The config's ASD controls, with g and M from the sweep's picks when it made them."""
     found = tuned(cfg)
-    keys = {"asd_gate": "gate", "asd_max_exceptions": "max_exceptions"}
     return AsdSettings.model_validate(cfg.asd.model_dump() | {ours: found[k] for k, ours
-                                                              in keys.items() if k in found})
+                                                              in ASD_FLAT.items() if k in found})
 
 
 def table(cfg: BenchmarkConfig, p: PacerSettings, asd: AsdSettings, drafter_block: int = 8,
           dflash_block: int | None = None) -> list[Method]:
     return method_table(cfg.fixed_gammas, cfg.ngram_gamma, cfg.prompt_lookup_tokens,
-                        cfg.heuristic_initial, p, asd.gate, asd.max_exceptions,
-                        asd.budgets, drafter_block, dflash_block, cfg.ablation_growth)
+                        cfg.heuristic_initial, p, asd.knobs(), asd.budgets, drafter_block,
+                        dflash_block, cfg.ablation_growth)
 
 
 def check_methods(cfg: BenchmarkConfig) -> list[str]:

@@ -72,10 +72,11 @@ class Record:
 
 
 def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
-                 heuristic_initial: int, p: PacerSettings, asd_gate: float,
-                 asd_max_exceptions: int, asd_budgets: list[float], drafter_block: int,
-                 dflash_block: int | None, ablation_growth: float = 1.1) -> list[Method]:
-    """Every method, in report order. ``drafter_block`` is B of the main block drafter, which
+                 heuristic_initial: int, p: PacerSettings, asd: dict, asd_budgets: list[float],
+                 drafter_block: int, dflash_block: int | None,
+                 ablation_growth: float = 1.1) -> list[Method]:
+    """Every method, in report order. ``asd``: the ASD methods' flat keys but the budget
+    (asd_gate, asd_max_exceptions, ...). ``drafter_block`` is B of the main block drafter, which
     drafts at most B - 1 tokens per pass (the engine caps any longer window at that)."""
     cap = drafter_block - 1
     methods = [
@@ -94,10 +95,10 @@ def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
         Method("pacer", "main", pacer(p), note=pacer_note(p)),
     ]
     for b in asd_budgets:
-        asd = {"verify": "asd", "asd_budget": b, "asd_gate": asd_gate,
-               "asd_max_exceptions": asd_max_exceptions}
-        methods.append(Method(f"pacer_asd_{b:g}", "main", pacer(p) | asd, strict=False,
-                              note=f"PACER + ASD, B={b:g}, g={asd_gate:g}, M={asd_max_exceptions}"))
+        note = f"PACER + ASD, B={b:g}, g={asd['asd_gate']:g}, M={asd['asd_max_exceptions']}"
+        methods.append(Method(f"pacer_asd_{b:g}", "main",
+                              pacer(p) | {"verify": "asd", "asd_budget": b, **asd},
+                              strict=False, note=note))
     rho = rho_ablation(p, ablation_growth)
     methods += [
         Method("pacer_no_position", "no_position", pacer(p), needs="preverifier_no_position",

@@ -23,7 +23,8 @@ import json
 from pathlib import Path
 
 from specdec.algorithms.sampling import Sampling
-from specdec.engine.settings import SpecSettings
+from specdec.engine.settings import SpecSettings, flat_knob
+from specdec.knobs import add_option
 
 GREEDY = Sampling(0.0, None)
 
@@ -86,7 +87,7 @@ def main(argv=None) -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--count", type=int, default=40, help="prompts per workload")
-    ap.add_argument("--max-draft", type=int, default=16)
+    add_option(ap, *flat_knob("max_draft"), flag="max-draft", dest="max_draft")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     cfg = BenchmarkConfig(workloads={"humaneval": {"count": a.count}, "sharegpt": {"count": a.count}})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.engine.settings import FLAT, SpecSettings
 from specdec.models import registry
 from specdec.models.sources import content_hash
 
@@ -33,9 +34,10 @@ HASH_TAG = "specdec.content_sha256"
 ALIAS = registry.CHAMPION
 KINDS = {"drafter": "block-drafter", "preverifier": "preverifier"}  # subdirectory -> model suffix
 OPTIONAL = {"suffix-index": "suffix-index"}  # registered when the artifacts hold it
-# PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's)
-PACER_FALLBACK = {"policy": "pacer", "block_size": 4, "threshold": 0.5, "growth": 1.1,
-                  "max_draft": 16}
+# PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's):
+# its config's defaults, as flat keys (block_size, threshold, growth, max_draft)
+PACER_FALLBACK = {"policy": "pacer", **{key: SpecSettings().flat()[key] for key, targets
+                                        in FLAT.items() if any(s == "pacer" for s, _ in targets)}}
 
 
 def champion_hash(client, name: str) -> str | None:
@@ -115,7 +117,7 @@ def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "blo
 def suffix_args(args: dict, refs: dict, spec: dict, drafter: str, uri: str) -> dict:
     """Serve the suffix drafter (or the hybrid) with the registered index. Both draft up to
     max_draft a round under the fixed window (the hybrid runs PACER on its block draft itself)."""
-    spec = {**spec, "policy": "fixed", "gamma": spec.get("max_draft", 16)}
+    spec = {**spec, "policy": "fixed", "gamma": spec.get("max_draft", SpecSettings().max_draft)}
     suffix = {**args.get("suffix", {}), "index": refs["suffix-index"]}
     out = {**args, "drafter": drafter, "suffix": suffix, "speculative": spec,
            "mlflow_tracking_uri": uri}

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from cluster.schema import Speculative
+
 
 class ApiError(Exception):
     """An error the client caused (or a busy server), rendered as OpenAI's error JSON."""
@@ -55,7 +57,7 @@ class Request(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM's extension
     user: str | None = None  # accepted; identifies the end user in logs only
-    speculative: dict[str, Any] | None = None  # per-request SD settings (see schema.Speculative)
+    speculative: Speculative | None = None  # per-request SD settings, over the server's
     # OpenAI fields this server does not implement: refused unless neutral (see NEUTRAL)
     frequency_penalty: Any = None
     presence_penalty: Any = None

@@ -1,9 +1,11 @@
 """The strict schema of the Serve application's arguments (what a YAML ``args:`` block holds).
 
 Unknown keys are errors (``extra="forbid"``), so a typo in a config fails at build time rather
-than serving with a default. Per-request speculative settings are validated later, by the
-core's ``SpecSettings``; this module only checks the deployment's shape. The policy and
-verifier names are the core catalogs' (``POLICIES``, ``VERIFIERS``), never listed here.
+than serving with a default. The policy and verifier names are the core catalogs' (``POLICIES``,
+``VERIFIERS``), never listed here, and ``Speculative`` (the serve YAML's ``speculative:`` and the
+HTTP body's ``speculative`` field) is derived from the algorithms' configs
+(``specdec.engine.settings``: ``FLAT``, ``SECTIONS``), never declares a knob itself; the core's
+``SpecSettings`` checks what spans knobs (a verifier against the temperature, ...).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, create_model, model_validator
 
 from actors.scheduler import BatchingConfig
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
+from specdec.engine.settings import flat_fields, section_models
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -35,24 +38,14 @@ class Resources(Strict):
     threads: PositiveInt = 1  # torch.set_num_threads in the actor (Ray sets OMP to 1 otherwise)
 
 
-class Speculative(Strict):
-    """Default speculative settings; a request's ``speculative`` body field overrides them."""
-
-    policy: PolicyName = "fixed"
-    gamma: PositiveInt = 4
-    block_size: PositiveInt = 4
-    threshold: float = Field(0.5, ge=0, le=1)
-    growth: float = Field(1.1, ge=1)
-    max_draft: PositiveInt = 16
-    verify: VerifierName | None = None
-    asd_budget: float = Field(0.0, ge=0)
-    asd_gate: float = Field(0.25, ge=0)
-    asd_max_exceptions: int = Field(2, ge=0)
-    asd_normalized: bool = False
-    suffix_factor: float = Field(2.0, ge=0)  # suffix budget min(max_draft, factor * match + offset)
-    suffix_offset: float = 0.0
-    suffix_min_prob: float = Field(0.05, ge=0, le=1)
-    hybrid_skip: float = Field(4.0, ge=0)  # a suffix score this high skips the block drafter
+# Speculative settings: the policy and verifier names, every flat key (``FLAT``:
+# gamma, max_draft, asd_budget, ...) and, for the nested form, every section (pacer: {...}, asd:
+# {...}, ...), each knob with its config's type, default, bounds and help. The serve config's
+# values are a server's defaults; a request's ``speculative`` body field is laid over them.
+Speculative = create_model(
+    "Speculative", __base__=Strict, __doc__="Speculative settings (specdec.engine.settings).",
+    policy=(PolicyName, "fixed"), verify=(VerifierName | None, None),
+    **flat_fields(), **section_models())
 
 
 class Suffix(Strict):

@@ -38,7 +38,7 @@ from cluster.detokenize import TextStream
 from cluster.guard import OPEN_PATHS, Guard, api_key
 from cluster.orchestrator import Orchestrator, control
 from cluster.prometheus import CONTENT_TYPE, ApiMetrics, Fanout
-from cluster.schema import ServeArgs, Speculative
+from cluster.schema import ServeArgs
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
 from specdec.engine.engine import Progress, check_pair, check_prompt
@@ -87,6 +87,8 @@ REPLICA_HEADER = "x-specdec-replica"
 class Server:
     def __init__(self, args: dict, spawn, observer=None):
         self.args = ServeArgs.model_validate(args)
+        # the served defaults; a request's speculative field is laid over them
+        self.served_spec = SpecSettings(**self.args.speculative.model_dump(exclude_unset=True))
         self.target, self.drafter = spawn(self.args)
         self.info = ray.get(self.target.info.remote())
         if self.drafter is not None:
@@ -357,8 +359,11 @@ class Server:
         if not (req.temperature >= 0 and math.isfinite(req.temperature)):
             raise wire.ApiError(400, f"temperature must be finite and >= 0, got {req.temperature}",
                                 param="temperature", code="invalid_value")
-        merged_spec = {**self.args.speculative.model_dump(), **(req.speculative or {})}
-        spec = wire.parse(Speculative, merged_spec, prefix="speculative.")
+        asked = {} if req.speculative is None else req.speculative.model_dump(exclude_unset=True)
+        try:  # the request's settings over the server's (both checked knob by knob already)
+            spec = self.served_spec.updated(**asked)
+        except ValueError as e:
+            raise wire.ApiError(400, str(e), param="speculative", code="invalid_value") from None
         if spec.policy != "fixed" and self.args.drafter == "hybrid":
             raise wire.ApiError(400, "the hybrid drafter runs PACER itself; use policy fixed",
                                 param="speculative.policy", code="invalid_value")
@@ -380,7 +385,7 @@ class Server:
             except ValueError as e:
                 raise wire.ApiError(400, str(e), param=name, code="invalid_value") from None
         try:
-            return GenerationParams(max_tokens, req.temperature, seed, SpecSettings(**spec.model_dump()),
+            return GenerationParams(max_tokens, req.temperature, seed, spec,
                                     stop_token_ids=stop_ids, logprobs=logprobs_of(req, chat),
                                     **warp)
         except ValueError as e:

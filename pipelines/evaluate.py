@@ -107,9 +107,9 @@ class Evaluator:
         from specdec.engine.settings import GenerationParams, SpecSettings
 
         v = self.cfg.verifier  # a setting's own verify / asd_* keys win
-        verifier = dict(verify=v.name, asd_budget=v.budget, asd_gate=v.gate,
-                        asd_max_exceptions=v.max_exceptions)
-        spec = SpecSettings(**(verifier | setting))
+        params = v.params()
+        spec = SpecSettings(verify=v.name, **({v.name: params} if params else {}))
+        spec = spec.updated(**setting)
         return GenerationParams(max_new_tokens=self.cfg.max_new_tokens, spec=spec)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -205,7 +205,7 @@ def run(cfg: EvaluateConfig) -> dict:
         log_params(cfg.model_dump())
         settings = [fixed(g) for g in cfg.fixed_gammas]
         if cfg.sweep:
-            max_draft = cfg.pacer.max_draft if cfg.pacer else 16
+            max_draft = (cfg.pacer or PacerSettings()).max_draft
             swept = evaluate_settings(cfg, refs, grid(cfg.sweep, max_draft), cfg.sweep.prompts,
                                       cfg.sweep.limit)
             log_summary(swept, "sweep")

@@ -12,6 +12,9 @@ Terms:
   ``"module:attr"``, imported only when first built, so importing a catalog imports no
   implementation and no import cycle), and what it needs (``needs``: words such as ``"scorer"``
   that the callers check before building).
+- config: the frozen dataclass of an entry's knobs (``specdec/knobs.py``), declared next to its
+  code (``Entry("asd", ..., config="specdec.algorithms.asd:AsdConfig")``, a class or its path): which knobs an entry has is read here, and the
+  request settings, schemas and command-line options are derived from it.
 - reference: what a user writes to pick an entry. Usually the entry's name; an entry with
   ``claims`` also takes the references that predicate accepts (a checkpoint directory, a hub
   id), tried in catalog order.
@@ -22,6 +25,7 @@ literal tuple of its entries.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
@@ -47,12 +51,22 @@ class Entry:
     tap_layers: Callable[[Any], tuple[int, ...]] = no_taps
     # None: the reference is the name; else which other references this entry loads
     claims: Callable[[str], bool] | None = None
+    # the dataclass of its knobs, or "module:attr" naming it; None: it has none
+    config: type | str | None = None
 
     def builder(self) -> Callable[..., Any]:
-        if not isinstance(self.load, str):
-            return self.load
-        module, _, attr = self.load.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _imported(self.load)
+
+    def config_class(self) -> type | None:
+        return None if self.config is None else _imported(self.config)
+
+
+def _imported(obj: Any) -> Any:
+    """``obj``, or the attribute a "module:attr" string names."""
+    if not isinstance(obj, str):
+        return obj
+    module, _, attr = obj.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 class Catalog:
@@ -113,3 +127,10 @@ class Catalog:
             raise ValueError(f"bad parameters for {self.kind} {name!r}: {err}; allowed: "
                              f"{sorted(signature.parameters)}") from None
         return builder(*args, **params)
+
+    def build_from(self, name: str, config: Any = None, *args: Any, **params: Any) -> Any:
+        """Build entry ``name`` from its config (``Class(**fields(config))``; None: the
+        builder's defaults), ``params`` adding to or overriding the config's fields."""
+        knobs = {} if config is None else {f.name: getattr(config, f.name)
+                                           for f in dataclasses.fields(config)}
+        return self.build(name, *args, **(knobs | params))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
+from specdec.engine.settings import FLAT, flat_knob
+from specdec.knobs import add_option
 from specdec.models.drafters import DRAFTERS
 from specdec.models.sources import DTYPES
 
@@ -28,23 +30,9 @@ def add_generate(sub) -> None:
                    help="suffix/hybrid: index directory or models:/NAME@ALIAS (none: local tree only)")
     g.add_argument("--block-drafter", default=None,
                    help="hybrid: the block-drafter checkpoint (with --preverifier)")
-    g.add_argument("--suffix-factor", type=float, default=2.0, help="suffix budget factor")
-    g.add_argument("--suffix-min-prob", type=float, default=0.05, help="suffix min token prob")
-    g.add_argument("--hybrid-skip", type=float, default=4.0,
-                   help="hybrid: a suffix score at least this skips the block drafter")
     g.add_argument("--preverifier", default=None,
                    help="pre-verifier checkpoint for PACER, or 'untrained' (random weights)")
-    g.add_argument("--policy", default="fixed", choices=POLICIES.names())
-    g.add_argument("--gamma", type=int, default=4, help="fixed draft length")
-    g.add_argument("--block-size", type=int, default=4, help="PACER block size b")
-    g.add_argument("--threshold", type=float, default=0.5, help="PACER threshold t")
-    g.add_argument("--growth", type=float, default=1.1, help="PACER threshold growth rho")
-    g.add_argument("--max-draft", type=int, default=16, help="longest draft per round")
-    g.add_argument("--verify", default=None, choices=VERIFIERS.names(),
-                   help="default: strict at temperature 0, sample above")
-    g.add_argument("--asd-budget", type=float, default=0.0, help="ASD regret budget B")
-    g.add_argument("--asd-gate", type=float, default=0.25, help="ASD gate g")
-    g.add_argument("--asd-max-exceptions", type=int, default=2, help="ASD exceptions per round M")
+    add_speculative(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
@@ -56,6 +44,18 @@ def add_generate(sub) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"}')
     g.set_defaults(func=run_generate)
+
+
+def add_speculative(g) -> None:
+    """--policy, --verify and one option per flat key of the speculative settings, each with its
+    knob's type, default and help (``specdec.engine.settings.FLAT``)."""
+    group = g.add_argument_group("speculative settings (each knob's config: specdec/algorithms, "
+                                 "specdec/models/suffix.py, hybrid.py)")
+    group.add_argument("--policy", default="fixed", choices=POLICIES.names())
+    group.add_argument("--verify", default=None, choices=VERIFIERS.names(),
+                       help="default: strict at temperature 0, sample above")
+    for key in FLAT:
+        add_option(group, *flat_knob(key), flag=key.replace("_", "-"), dest=key)
 
 
 def add_models(sub) -> None:
@@ -89,12 +89,8 @@ def run_generate(args) -> int:
     from specdec.engine.settings import GenerationParams, SpecSettings
     from specdec.models.suffix import SuffixConfig
 
-    spec = SpecSettings(policy=args.policy, gamma=args.gamma, block_size=args.block_size,
-                        threshold=args.threshold, growth=args.growth, max_draft=args.max_draft,
-                        verify=args.verify, asd_budget=args.asd_budget, asd_gate=args.asd_gate,
-                        asd_max_exceptions=args.asd_max_exceptions,
-                        suffix_factor=args.suffix_factor, suffix_min_prob=args.suffix_min_prob,
-                        hybrid_skip=args.hybrid_skip)
+    spec = SpecSettings(policy=args.policy, verify=args.verify,
+                        **{key: getattr(args, key) for key in FLAT})
     params = GenerationParams(args.max_new_tokens, args.temperature, args.seed, spec)
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     if "scorer" in POLICIES.get(args.policy).needs and args.preverifier is None:

@@ -1,11 +1,12 @@
 """ASD -- Approximate Speculative Decoding: greedy verification that may accept a few near-ties.
 
 Reference: "Approximate Speculative Decoding" (ASD), arXiv 2608.03447. The authors' configs use
-budget B = 8.0, gate g = 0.25, max exceptions M = 2 (the defaults of ``AsdVerifier``).
+budget B = 8.0, gate g = 0.25, max exceptions M = 2. ``AsdConfig`` holds the knobs, each with its
+one default: g and M are the authors', B is 0 (strict) so that ASD is opt-in per request.
 
 What this module is: the acceptance rule, as a slow readable specification
 (``asd_accept_reference``), as the O(K) vectorised version the engine uses (``asd_accept``), and
-as a ``Verifier`` (``AsdVerifier``). What it is not: no ledger storage -- the caller keeps the
+as a ``Verifier`` (``AsdVerifier``, which is its ``AsdConfig`` plus the rule). What it is not: no ledger storage -- the caller keeps the
 regret ``spent`` by each request and adds each round's ``Verdict.regret`` to it -- and no sampling.
 
 The rule, for one round (terms as in ``verify.py``; ``z_i`` is row i of the raw target logits):
@@ -34,8 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec.algorithms.verify import Verdict, check_round, commit
+from specdec.knobs import Knobs, knob
 
-__all__ = ["AsdVerifier", "asd_accept", "asd_accept_reference"]
+__all__ = ["AsdConfig", "AsdVerifier", "asd_accept", "asd_accept_reference"]
 
 
 def _check_params(budget: float, gate: float, max_exceptions: int) -> None:
@@ -167,16 +169,19 @@ def asd_accept(
 
 
 @dataclass(frozen=True)
-class AsdVerifier:
-    """ASD as a Verifier. Defaults are the authors' config (B = 8.0, g = 0.25, M = 2)."""
+class AsdConfig(Knobs):
+    """ASD's knobs. B = 0 is strict greedy; the authors' config is B = 8.0, g = 0.25, M = 2."""
 
-    budget: float = 8.0  # B: regret a request may spend over its whole life
-    gate: float = 0.25  # g: largest regret per unit of value r_i / q_i for one exception
-    max_exceptions: int = 2  # M: accepted mismatches per round
-    normalized: bool = False  # value q_i = (K - i) / K instead of K - i
+    budget: float = knob(0.0, "ASD B: regret a request may spend over its life (0 = strict)",
+                         ge=0)
+    gate: float = knob(0.25, "ASD g: largest regret per unit of value r_i / q_i", ge=0)
+    max_exceptions: int = knob(2, "ASD M: accepted mismatches per round", ge=0)
+    normalized: bool = knob(False, "ASD value q_i = (K - i) / K instead of K - i")
 
-    def __post_init__(self):
-        _check_params(self.budget, self.gate, self.max_exceptions)
+
+@dataclass(frozen=True)
+class AsdVerifier(AsdConfig):
+    """ASD as a Verifier: its config plus the rule."""
 
     @property
     def lossless(self) -> bool:

@@ -13,6 +13,10 @@ one batched pass before running their policies one by one. It knows no models:
   on with t_{k+1} = min(1, t_k * rho). The failing block is still sent to the target: it is
   drafted already, and verifying it costs little. A block drafter's one-pass block is cut at
   sub-block granularity the same way.
+
+Each policy's knobs are its config (``FixedConfig``, ``HeuristicConfig``, ``PacerConfig``: one
+default, bound and help per knob, see ``specdec/knobs.py``); a policy is its config plus how it
+drafts, so ``Policy(**asdict(config))`` builds it and the catalog entry names the config.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from specdec.catalog import Catalog, Entry
+from specdec.knobs import Knobs, knob
 
 Propose = Callable[[int], Any]  # n -> a draft block with len() and .hidden [n, D]
 Scorer = Callable[[torch.Tensor], torch.Tensor]  # hidden [n, D] -> acceptance probs [n]
@@ -42,13 +47,29 @@ class DraftPolicy(Protocol):
 
 
 @dataclass(frozen=True)
-class FixedPolicy:
-    gamma: int = 4
+class FixedConfig(Knobs):
+    gamma: int = knob(4, "gamma: tokens drafted every round", ge=1, flat="gamma")
 
-    def __post_init__(self):
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
 
+@dataclass(frozen=True)
+class HeuristicConfig(Knobs):
+    # a flat body's gamma is the first length, at most its max_draft (specdec.engine.settings)
+    initial: int = knob(4, "the first round's draft length", ge=1, flat="gamma")
+    max_len: int = knob(16, "longest draft of a round", ge=1, flat="max_draft")
+
+
+@dataclass(frozen=True)
+class PacerConfig(Knobs):
+    block_size: int = knob(4, "PACER b: tokens per block", ge=1, flat="block_size")
+    threshold: float = knob(0.5, "PACER t_1: the first block's threshold", ge=0, le=1,
+                            flat="threshold")
+    growth: float = knob(1.1, "PACER rho: threshold growth after each block", ge=1,
+                         flat="growth")
+    max_len: int = knob(16, "longest draft of a round", ge=1, flat="max_draft")
+
+
+@dataclass(frozen=True)
+class FixedPolicy(FixedConfig):
     def new_state(self):
         return None
 
@@ -69,11 +90,9 @@ class HeuristicState:
 
 
 @dataclass(frozen=True)
-class HeuristicPolicy:
-    initial: int = 5
-    max_len: int = 32
-
+class HeuristicPolicy(HeuristicConfig):
     def __post_init__(self):
+        super().__post_init__()
         if not 1 <= self.initial <= self.max_len:
             raise ValueError(f"need 1 <= initial <= max_len, got {self.initial}, {self.max_len}")
 
@@ -101,22 +120,8 @@ class PacerTrace:
 
 
 @dataclass(frozen=True)
-class PacerPolicy:
-    scorer: Scorer
-    block_size: int = 4  # b
-    threshold: float = 0.5  # t_1
-    growth: float = 1.1  # rho
-    max_len: int = 32
-
-    def __post_init__(self):
-        if self.block_size < 1:
-            raise ValueError(f"PACER block size b must be >= 1, got {self.block_size}")
-        if not 0 <= self.threshold <= 1:
-            raise ValueError(f"PACER threshold t must be in [0, 1], got {self.threshold}")
-        if self.growth < 1:
-            raise ValueError(f"PACER growth rho must be >= 1, got {self.growth}")
-        if self.max_len < 1:
-            raise ValueError(f"max draft length must be >= 1, got {self.max_len}")
+class PacerPolicy(PacerConfig):
+    scorer: Scorer = field(kw_only=True)  # the pre-verifier: hidden [n, D] -> probs [n]
 
     def new_state(self) -> PacerTrace:
         return PacerTrace()
@@ -153,16 +158,18 @@ class PacerPolicy:
 # drafter's hidden states to per-token probabilities), so the drafter side must hold one.
 POLICIES = Catalog(
     "draft policy",
-    Entry("fixed", FixedPolicy, "a fixed window of gamma tokens"),
-    Entry("heuristic", HeuristicPolicy, "HF's schedule: +2 after a full accept, -1 otherwise"),
+    Entry("fixed", FixedPolicy, "a fixed window of gamma tokens", config=FixedConfig),
+    Entry("heuristic", HeuristicPolicy, "HF's schedule: +2 after a full accept, -1 otherwise",
+          config=HeuristicConfig),
     Entry("pacer", PacerPolicy, "PACER: blocks until the pre-verifier's mean score drops",
-          needs=frozenset({"scorer"})),
+          needs=frozenset({"scorer"}), config=PacerConfig),
     plural="draft policies",
 )
 
 
-def make_policy(name: str, **params) -> DraftPolicy:
-    """Build a policy by name; PACER needs ``scorer=``. Unknown names and bad values raise."""
+def make_policy(name: str, config: Any = None, **params) -> DraftPolicy:
+    """Build a policy by name from its config (None: the defaults) and ``params`` (knobs that
+    override it; PACER's ``scorer=``). Unknown names and bad values raise."""
     if "scorer" in POLICIES.get(name).needs and params.get("scorer") is None:
         raise ValueError(f"the {name} policy needs a pre-verifier (scorer)")
-    return POLICIES.build(name, **params)
+    return POLICIES.build_from(name, config, **params)

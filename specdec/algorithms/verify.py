@@ -23,7 +23,7 @@ Terms, used by every verifier:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -126,12 +126,15 @@ class StrictVerifier:
 
 # The verifiers. ASD and sampling are named by import path: their modules import Verdict from
 # this one. "temperature": the rule samples, so it runs only at temperature > 0 (the others are
-# greedy and run only at 0).
+# greedy and run only at 0). Only ASD has knobs (``config``): strict has none, and the sampler's
+# temperature / top_k / top_p / min_p are the request's own fields (``GenerationParams``), which
+# the caller passes to it.
 VERIFIERS = Catalog(
     "verifier",
     Entry("strict", StrictVerifier, "lossless greedy: the longest prefix equal to the argmax"),
     Entry("asd", "specdec.algorithms.asd:AsdVerifier",
-          "approximate greedy under a regret budget (budget, gate, max_exceptions, normalized)"),
+          "approximate greedy under a regret budget (budget, gate, max_exceptions, normalized)",
+          config="specdec.algorithms.asd:AsdConfig"),
     Entry("sample", "specdec.algorithms.rejection:RejectionSampler",
           "speculative (rejection) sampling, lossless at temperature > 0",
           needs=frozenset({"temperature"})),
@@ -143,6 +146,7 @@ def verifier_names() -> list[str]:
     return list(VERIFIERS.names())
 
 
-def make_verifier(name: str, **params) -> Verifier:
-    """Build a verifier by name: "strict", "asd" (budget, gate, ...) or "sample" (temperature)."""
-    return VERIFIERS.build(name, **params)
+def make_verifier(name: str, config: Any = None, **params) -> Verifier:
+    """Build a verifier by name from its config (None: the defaults) and ``params``: "strict",
+    "asd" (an ``AsdConfig``, or budget, gate, ...) or "sample" (temperature, top_k, ...)."""
+    return VERIFIERS.build_from(name, config, **params)

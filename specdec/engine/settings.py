@@ -1,62 +1,151 @@
 """Per-request settings: how to draft, how to verify, how much to generate.
 
-Plain frozen dataclasses, validated on construction so that bad input fails before any model
-runs. The serving and training layers wrap these in their own strict schemas.
+A request's speculative settings (``SpecSettings``) are the draft policy's name, the verifier's
+name, and one config per *section*: every catalog entry with knobs (``Entry.config``), that is
+the policies' (``fixed``, ``heuristic``, ``pacer``), the verifiers' (``asd``; strict has no knobs
+and the sampler's temperature / top_k / top_p / min_p are ``GenerationParams`` fields) and the
+drafters' options (``suffix``, ``hybrid``). Each config is declared next to its algorithm; no knob
+is declared here. The chosen policy is built from its section, the chosen verifier from its; the
+suffix drafter reads ``suffix``, the hybrid ``hybrid`` and ``pacer`` (it runs PACER itself).
+
+The flat form (the HTTP ``speculative`` body, the serve YAML and the CLI of before the configs)
+keeps working: ``FLAT`` maps each flat key to every knob it sets (``knob(flat=...)``, else
+``<section>_<field>``):
+
+    gamma                 -> fixed.gamma, heuristic.initial
+    max_draft             -> heuristic.max_len, pacer.max_len, suffix.max_len
+    block_size, threshold, growth            -> pacer.block_size, .threshold, .growth
+    asd_budget, asd_gate, asd_max_exceptions, asd_normalized -> asd.budget, .gate, ...
+    suffix_factor, suffix_offset, suffix_min_prob            -> suffix.factor, .offset, .min_prob
+    hybrid_skip           -> hybrid.skip
+
+and, as before, heuristic.initial is at most heuristic.max_len when gamma or max_draft is set
+flat. Sections can be given whole instead (``pacer={"threshold": 0.6}`` or a ``PacerConfig``);
+in one call a section's fields win over flat keys; ``updated`` lays one call over another (a
+request over a server's defaults).
+
+What it is not: no schema. The serving and training layers build their pydantic models from
+``FLAT`` and ``SECTIONS`` (``flat_fields``, ``section_models``); these plain frozen dataclasses
+are validated on construction so that bad input fails before any model runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
 from specdec.algorithms.verify import VERIFIERS
+from specdec.knobs import knobs, pydantic_field, pydantic_model
+from specdec.models.drafters import DRAFTERS
+
+# section name -> the config class of that catalog entry, for every entry with knobs
+SECTIONS: dict[str, type] = {e.name: e.config_class() for catalog in (POLICIES, VERIFIERS, DRAFTERS)
+                             for e in catalog.entries if e.config is not None}
 
 
-@dataclass(frozen=True)
+def _flat_table() -> dict[str, tuple[tuple[str, str], ...]]:
+    table: dict[str, list[tuple[str, str]]] = {}
+    for section, cls in SECTIONS.items():
+        for f in knobs(cls):
+            table.setdefault(f.metadata["flat"] or f"{section}_{f.name}", []).append(
+                (section, f.name))
+    return {key: tuple(targets) for key, targets in table.items()}
+
+
+# flat key -> the (section, field) knobs it sets; the first one gives its type, default and help
+FLAT: dict[str, tuple[tuple[str, str], ...]] = _flat_table()
+
+
+def flat_knob(key: str) -> tuple[type, dataclasses.Field]:
+    """(config class, knob field) of flat key ``key``'s first knob: its type, default, help."""
+    section, name = FLAT[key][0]
+    return SECTIONS[section], next(f for f in knobs(SECTIONS[section]) if f.name == name)
+
+
+def flat_fields(*sections: str) -> dict[str, tuple]:
+    """``pydantic.create_model`` fields for the flat keys that set a knob of ``sections`` (all
+    when none are named), each with its knob's type, default, bounds and help."""
+    return {key: pydantic_field(*flat_knob(key)) for key, targets in FLAT.items()
+            if not sections or any(s in sections for s, _ in targets)}
+
+
+def section_models() -> dict[str, tuple]:
+    """``pydantic.create_model`` fields for the nested form: each section, optional, as a
+    strict model of its config's knobs."""
+    return {name: (pydantic_model(cls) | None, None) for name, cls in SECTIONS.items()}
+
+
+def _config(section: str, base: Any, values: dict) -> Any:
+    cls = SECTIONS[section]
+    unknown = set(values) - {f.name for f in knobs(cls)}
+    if unknown:
+        raise ValueError(f"unknown {section} setting(s) {sorted(unknown)}; known: "
+                         f"{', '.join(f.name for f in knobs(cls))}")
+    return dataclasses.replace(base, **values)
+
+
+@dataclass(frozen=True, init=False)
 class SpecSettings:
     """Speculative settings of one request. ``verify=None`` picks strict greedy at temperature
-    0 and rejection sampling above it."""
+    0 and rejection sampling above it. Built from flat keys and/or sections (module docstring);
+    ``updated`` layers a request's settings over a server's."""
 
-    policy: str = "fixed"
-    gamma: int = 4  # fixed window; also the heuristic schedule's first length
-    block_size: int = 4  # PACER b
-    threshold: float = 0.5  # PACER t_1
-    growth: float = 1.1  # PACER rho
-    max_draft: int = 16  # PACER / heuristic cap on one round's draft
-    verify: str | None = None
-    asd_budget: float = 0.0  # B (0 = strict)
-    asd_gate: float = 0.25  # g
-    asd_max_exceptions: int = 2  # M
-    asd_normalized: bool = False  # q_i = (K - i) / K instead of K - i
-    # suffix drafter (SuffixDecoding): budget min(max_draft, floor(factor * match + offset))
-    suffix_factor: float = 2.0
-    suffix_offset: float = 0.0
-    suffix_min_prob: float = 0.05  # stop the walk below this path probability
-    hybrid_skip: float = 4.0  # hybrid: a suffix score at least this skips the block drafter
+    policy: str
+    verify: str | None
+    sections: tuple[tuple[str, Any], ...]  # (section name, its config), every section
 
-    def __post_init__(self):
-        POLICIES.get(self.policy)  # an unknown name raises, listing the known ones
-        if self.verify is not None:
-            VERIFIERS.get(self.verify)
-        checks = [
-            (self.gamma >= 1, f"gamma must be >= 1, got {self.gamma}"),
-            (self.block_size >= 1, f"block size must be >= 1, got {self.block_size}"),
-            (0 <= self.threshold <= 1, f"threshold must be in [0, 1], got {self.threshold}"),
-            (self.growth >= 1, f"growth rho must be >= 1, got {self.growth}"),
-            (self.max_draft >= 1, f"max draft length must be >= 1, got {self.max_draft}"),
-            (self.asd_budget >= 0, f"ASD budget B must be >= 0, got {self.asd_budget}"),
-            (self.asd_gate >= 0, f"ASD gate g must be >= 0, got {self.asd_gate}"),
-            (self.asd_max_exceptions >= 0,
-             f"ASD max exceptions M must be >= 0, got {self.asd_max_exceptions}"),
-            (self.suffix_factor >= 0, f"suffix factor must be >= 0, got {self.suffix_factor}"),
-            (0 <= self.suffix_min_prob <= 1,
-             f"suffix min token prob must be in [0, 1], got {self.suffix_min_prob}"),
-            (self.hybrid_skip >= 0, f"hybrid skip score must be >= 0, got {self.hybrid_skip}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+    def __init__(self, policy: str = "fixed", verify: str | None = None,
+                 sections: tuple[tuple[str, Any], ...] | None = None, **given: Any):
+        POLICIES.get(policy)  # an unknown name raises, listing the known ones
+        if verify is not None:
+            VERIFIERS.get(verify)
+        base = dict(sections) if sections is not None else {n: c() for n, c in SECTIONS.items()}
+        unknown = set(given) - set(FLAT) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown speculative setting(s) {sorted(unknown)}; known: "
+                             f"{', '.join([*FLAT, *SECTIONS])}")
+        values: dict[str, dict] = {name: {} for name in SECTIONS}
+        for key, targets in FLAT.items():
+            for section, name in targets if key in given else ():
+                values[section][name] = given[key]
+        configs = {n: _config(n, base[n], values[n]) for n in SECTIONS}
+        if "gamma" in given or "max_draft" in given:  # the flat rule of before: at most max_draft
+            h = configs["heuristic"]
+            configs["heuristic"] = dataclasses.replace(h, initial=min(h.initial, h.max_len))
+        for name, section in given.items():
+            if name in SECTIONS and section is not None:
+                fields = section if isinstance(section, dict) else dataclasses.asdict(section)
+                configs[name] = _config(name, configs[name], fields)
+        object.__setattr__(self, "policy", policy)
+        object.__setattr__(self, "verify", verify)
+        object.__setattr__(self, "sections", tuple(configs.items()))
+
+    def updated(self, **given: Any) -> SpecSettings:
+        """These settings with ``given`` (flat keys, sections, policy, verify) laid over them."""
+        return SpecSettings(given.pop("policy", self.policy), given.pop("verify", self.verify),
+                            self.sections, **given)
+
+    def section(self, name: str) -> Any:
+        """The config of section ``name``; None for an entry without knobs (strict, sample)."""
+        return dict(self.sections).get(name)
+
+    @property
+    def policy_config(self) -> Any:
+        return self.section(self.policy)
+
+    def flat(self) -> dict:
+        """The flat form: policy, verify and every flat key (from its first knob)."""
+        return {"policy": self.policy, "verify": self.verify,
+                **{key: getattr(self.section(s), n) for key, ((s, n), *_) in FLAT.items()}}
+
+    def __getattr__(self, key: str) -> Any:  # flat reads, as before: spec.gamma, spec.max_draft
+        if key in FLAT:
+            section, name = FLAT[key][0]
+            return getattr(self.section(section), name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
 
     def verifier_name(self, temperature: float) -> str:
         name = self.verify or ("strict" if temperature == 0 else "sample")
@@ -67,23 +156,12 @@ class SpecSettings:
             raise ValueError(f"verify={name} is greedy; use verify=sample for temperature > 0")
         return name
 
-    def verifier_params(self, temperature: float, **warp) -> dict:
-        """Keyword arguments of the verifier; ``warp`` (top_k, top_p, min_p) goes to sampling."""
+    def verifier(self, temperature: float, **warp) -> tuple[str, Any, dict]:
+        """(name, config, extra keywords) of the request's verifier, for ``make_verifier``; a
+        sampling verifier gets the request's ``temperature`` and ``warp`` (top_k, top_p, min_p)."""
         name = self.verifier_name(temperature)
-        if name == "asd":
-            return dict(budget=self.asd_budget, gate=self.asd_gate,
-                        max_exceptions=self.asd_max_exceptions, normalized=self.asd_normalized)
-        if name == "sample":
-            return dict(temperature=temperature, **warp)
-        return {}
-
-    def policy_params(self) -> dict:
-        if self.policy == "fixed":
-            return dict(gamma=self.gamma)
-        if self.policy == "heuristic":
-            return dict(initial=min(self.gamma, self.max_draft), max_len=self.max_draft)
-        return dict(block_size=self.block_size, threshold=self.threshold, growth=self.growth,
-                    max_len=self.max_draft)
+        samples = "temperature" in VERIFIERS.get(name).needs
+        return name, self.section(name), dict(temperature=temperature, **warp) if samples else {}
 
 
 @dataclass(frozen=True)

@@ -148,9 +148,9 @@ class TargetWorker:
         state = self.target.new_state()
         try:
             spec = req.params.spec
-            verifier = make_verifier(spec.verifier_name(req.params.temperature),
-                                     **spec.verifier_params(req.params.temperature,
-                                                         **req.params.warp_params()))
+            name, config, extra = spec.verifier(req.params.temperature,
+                                                **req.params.warp_params())
+            verifier = make_verifier(name, config, **extra)
         except Exception:
             self.target.release(state)
             raise
@@ -298,7 +298,7 @@ class DraftWorker:
         timers = {"preverifier": 0.0}
         if "scorer" in POLICIES.get(spec.policy).needs:
             extra["scorer"] = self._timed_scorer(timers)
-        policy = make_policy(spec.policy, **spec.policy_params(), **extra)
+        policy = make_policy(spec.policy, spec.policy_config, **extra)
         draft_gen, _ = generators(params.seed)
         # drafters that read per-request settings (suffix, hybrid) get them at start
         settings = {"settings": spec} if getattr(self.drafter, "reads_settings", False) else {}

@@ -8,7 +8,8 @@ object returned by ``start``; the drafter itself is shared across requests. Impl
 ``HybridDrafter`` (suffix or block, per round).
 
 Optional parts: a drafter with ``reads_settings = True`` gets the request's ``SpecSettings`` as
-``start(..., settings=)``; one with a ``finish(state)`` method is told when a request ends
+``start(..., settings=)`` and reads its own section there (``settings.section("suffix")``, the
+options its catalog entry names as ``config``); one with a ``finish(state)`` method is told when a request ends
 (however it ends); one whose state has a ``source`` attribute says where each round's draft
 came from.
 

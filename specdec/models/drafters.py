@@ -16,6 +16,9 @@ What each kind needs (``Entry.needs``):
 - ``preverifier``: a pre-verifier reference (the hybrid runs PACER itself);
 - ``suffix``: the suffix tree's options and offline index (``SuffixConfig``).
 
+A kind with per-request options names their config (``Entry.config``): the suffix drafter's
+``SuffixOptions`` and the hybrid's ``HybridOptions``, sections of a request's ``SpecSettings``.
+
 What it is not: no drafting (the drafters' own modules), no target loading (``specdec.engine
 .loading``).
 """
@@ -28,11 +31,11 @@ from specdec.catalog import Catalog, Entry
 from specdec.models.ar_drafter import ARDrafter
 from specdec.models.block_drafter import BlockDrafter
 from specdec.models.drafter import Drafter
-from specdec.models.hybrid import HybridDrafter
+from specdec.models.hybrid import HybridDrafter, HybridOptions
 from specdec.models.ngram import NgramDrafter
 from specdec.models.preverifier import load_preverifier
 from specdec.models.registry import resolve_model_ref
-from specdec.models.suffix import SuffixConfig, SuffixDrafter
+from specdec.models.suffix import SuffixConfig, SuffixDrafter, SuffixOptions
 from specdec.models.target import TargetModel
 
 
@@ -78,10 +81,10 @@ DRAFTERS = Catalog(
           needs=frozenset({"vocab"})),
     Entry("suffix", lambda args, target: SuffixDrafter.load(args.vocab_size, args.suffix),
           "SuffixDecoding over the request and the target's earlier responses",
-          needs=frozenset({"vocab", "suffix"})),
+          needs=frozenset({"vocab", "suffix"}), config=SuffixOptions),
     Entry("hybrid", load_hybrid, "per round the suffix draft or the block drafter's PACER draft",
           needs=frozenset({"target_weights", "target_features", "preverifier", "suffix"}),
-          tap_layers=lambda args: block_taps(args.hybrid_block())),
+          tap_layers=lambda args: block_taps(args.hybrid_block()), config=HybridOptions),
     Entry("self", lambda args, target: ARDrafter(target.model),
           "the target drafts for itself (a check that accepts everything)",
           needs=frozenset({"target_weights"})),

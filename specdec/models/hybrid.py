@@ -9,16 +9,17 @@ PACER's estimate standing in for the model draft's length):
   pre-verifier's acceptance probability of token i (the expected accepted length if the
   acceptances were independent). PACER (arXiv 2602.01274) still sets the block draft's length.
 
-When the suffix score alone reaches ``hybrid_skip`` the block drafter's forward is skipped; the
+When the suffix score alone reaches ``skip`` (``HybridOptions``) the block drafter's forward is skipped; the
 suffix draft wins ties. The block drafter still commits the target's features of every verified
 position each round, whichever draft won, so its context cache stays right: the hybrid needs the
-target's features. It runs PACER itself, with the pre-verifier it was built with, so the engine
+target's features. It runs PACER itself (the request's ``pacer`` config, its ``max_len`` capped
+by the block drafter), with the pre-verifier it was built with, so the engine
 drives it with the ``fixed`` policy (``gamma`` caps whichever draft wins). ``state.source`` says
 which draft a round sent ("suffix" or "block"); the engine counts them.
 
 Batching (issue 17): ``prepare`` looks up every request's suffix draft (per request, no
 forward) and runs the block pass in one batched forward for exactly the requests whose suffix
-score is below ``hybrid_skip``; ``commit_batch`` commits the suffix trees per request and the
+score is below ``skip``; ``commit_batch`` commits the suffix trees per request and the
 block drafter's context rows in one pass.
 """
 
@@ -28,13 +29,21 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.algorithms.policies import PacerPolicy
+from specdec.algorithms.policies import PacerConfig, PacerPolicy, make_policy
 from specdec.algorithms.sampling import Sampling
-from specdec.engine.settings import SpecSettings
+from specdec.knobs import Knobs, knob
 from specdec.models.block_drafter import BlockDrafter
 from specdec.models.drafter import DraftBlock
 from specdec.models.preverifier import PreVerifier
-from specdec.models.suffix import DEFAULTS, SuffixDrafter, SuffixState
+from specdec.models.suffix import SuffixDrafter, SuffixState
+
+
+@dataclass(frozen=True)
+class HybridOptions(Knobs):
+    """Per-request options of the hybrid drafter (a request's ``SpecSettings`` section
+    ``hybrid``)."""
+
+    skip: float = knob(4.0, "hybrid: a suffix score at least this skips the block drafter", ge=0)
 
 
 def pacer_estimate(probs: torch.Tensor) -> float:
@@ -48,6 +57,7 @@ class HybridState:
     block: object  # the block drafter's state
     pacer: PacerPolicy
     scores: list  # [the pre-verifier's last scores [n]], written by the scorer
+    skip: float  # HybridOptions.skip
     chosen: DraftBlock | None = None  # this round's winning draft
     handed: int = 0
     source: str | None = None  # "suffix" | "block" once this round drafted any token
@@ -73,25 +83,29 @@ class HybridDrafter:
                                preverifier.c.max_positions)
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None,
-              settings: SpecSettings = DEFAULTS) -> HybridState:
+              settings=None) -> HybridState:
+        """``settings``: the request's ``SpecSettings`` (None: the defaults); its ``pacer`` and
+        ``hybrid`` sections are read here, its ``suffix`` section by the suffix drafter."""
         scores: list = [None]
 
         def scorer(hidden: torch.Tensor) -> torch.Tensor:
             scores[0] = self.preverifier.score(hidden)
             return scores[0]
 
-        pacer = PacerPolicy(scorer, settings.block_size, settings.threshold, settings.growth,
-                            min(settings.max_draft, self.block_limit))
+        config = PacerConfig() if settings is None else settings.section("pacer")
+        options = HybridOptions() if settings is None else settings.section("hybrid")
+        pacer = make_policy("pacer", config, scorer=scorer,
+                            max_len=min(config.max_len, self.block_limit))
         return HybridState(self.suffix.start(prompt_ids, None, settings),
-                           self.block.start(prompt_ids, features), pacer, scores)
+                           self.block.start(prompt_ids, features), pacer, scores, options.skip)
 
     def prepare(self, requests: list[tuple[HybridState, int]]) -> None:
         """Before each (state, n)'s first ``propose(n)`` of the round: batch the block pass of
         those that will need it, the ones whose suffix draft of n tokens scores below
-        ``hybrid_skip``. Lookups only: no state but the block drafter's prepared pass changes."""
+        ``skip``. Lookups only: no state but the block drafter's prepared pass changes."""
         need = [(state.block, n) for state, n in requests
                 if n > 0 and state.chosen is None
-                and self._suffix_score(state, n) < state.suffix.settings.hybrid_skip]
+                and self._suffix_score(state, n) < state.skip]
         if need:
             self.block.prepare(need)
 
@@ -112,7 +126,7 @@ class HybridDrafter:
         """This round's draft: the suffix one unless PACER expects more of the block's."""
         suffix = self.suffix.propose(state.suffix, limit, sampling)
         suffix_score = self._suffix_score(state, limit)  # its tokens' path probabilities, summed
-        if suffix_score >= state.suffix.settings.hybrid_skip:
+        if suffix_score >= state.skip:
             return self._pick(state, "suffix", suffix, suffix.hidden[:, :1])
         block = self._block_draft(state, limit, sampling)
         probs = state.scores[0] if len(block) else torch.zeros(0)

@@ -34,18 +34,27 @@ from dataclasses import dataclass
 import torch
 
 from specdec.algorithms.sampling import Sampling
-from specdec.engine.settings import SpecSettings
+from specdec.knobs import Knobs, knob
 from specdec.models.drafter import DraftBlock
 from specdec.models.suffix_index import SuffixIndex
 
 FEATURES = 4
 
-DEFAULTS = SpecSettings()  # settings of a request that brings none
+
+@dataclass(frozen=True)
+class SuffixOptions(Knobs):
+    """Per-request options of the suffix drafter (a request's ``SpecSettings`` section
+    ``suffix``): the walk's budget is min(max_len, floor(factor * match + offset))."""
+
+    factor: float = knob(2.0, "suffix budget: tokens per matched context token", ge=0)
+    offset: float = knob(0.0, "suffix budget: tokens added to factor * match")
+    min_prob: float = knob(0.05, "suffix walk: stop below this path probability", ge=0, le=1)
+    max_len: int = knob(16, "longest draft of a round", ge=1, flat="max_draft")
 
 
 @dataclass(frozen=True)
 class SuffixConfig:
-    """Deployment-level settings of the suffix drafter (per-request ones are in SpecSettings)."""
+    """Deployment-level settings of the suffix drafter (per-request ones: ``SuffixOptions``)."""
 
     index: str | None = None  # a suffix-index directory or models:/NAME@ALIAS; None: no index
     max_depth: int = 64  # longest sequence a tree counts; also the longest context matched
@@ -75,7 +84,7 @@ class SuffixDraft:
 class SuffixState:
     key: tuple[str, int]  # the request's id in the cache
     context: list[int]  # prompt + committed output
-    settings: SpecSettings
+    options: SuffixOptions
     draft: SuffixDraft | None = None  # this round's speculation, once made
     handed: int = 0  # how many of its tokens this round's propose calls returned
     source: str | None = None  # "suffix" once this round drafted any token
@@ -85,7 +94,7 @@ class SuffixDrafter:
     needs_target_features = False
     max_draft_len = None
     hidden_size = FEATURES
-    reads_settings = True  # start() takes the request's SpecSettings
+    reads_settings = True  # start() takes the request's SpecSettings (for its suffix section)
 
     def __init__(self, vocab_size: int, config: SuffixConfig = SuffixConfig(),
                  index: SuffixIndex | None = None):
@@ -125,20 +134,20 @@ class SuffixDrafter:
         return len(self.cache.cached_requests)
 
     # ---- the Drafter protocol ---------------------------------------------------------------
-    def start(self, prompt_ids: list[int], features=None,
-              settings: SpecSettings = DEFAULTS) -> SuffixState:
+    def start(self, prompt_ids: list[int], features=None, settings=None) -> SuffixState:
+        """``settings``: the request's ``SpecSettings`` (None: the default options)."""
         key = ("request", next(self._ids))
         self.cache.start_request(key, list(prompt_ids))
-        return SuffixState(key, list(prompt_ids), settings)
+        options = SuffixOptions() if settings is None else settings.section("suffix")
+        return SuffixState(key, list(prompt_ids), options)
 
     def speculate(self, state: SuffixState) -> SuffixDraft:
         """This round's best path (made once per round; later calls return the same)."""
         if state.draft is None:
-            s = state.settings
+            o = state.options
             found = self.cache.speculate(
-                state.key, state.context[-self.config.max_depth:], max_spec_tokens=s.max_draft,
-                max_spec_factor=s.suffix_factor, max_spec_offset=s.suffix_offset,
-                min_token_prob=s.suffix_min_prob)
+                state.key, state.context[-self.config.max_depth:], max_spec_tokens=o.max_len,
+                max_spec_factor=o.factor, max_spec_offset=o.offset, min_token_prob=o.min_prob)
             state.draft = SuffixDraft(tuple(found.token_ids), tuple(found.probs), found.match_len)
         return state.draft
 

@@ -223,9 +223,11 @@ def test_empty_draft_commits_only_the_bonus():
     assert verdict == Verdict(accepted=0, tokens=[1])
 
 
-def test_defaults_are_the_authors_config():
-    assert AsdVerifier() == AsdVerifier(budget=8.0, gate=0.25, max_exceptions=2, normalized=False)
-    assert not AsdVerifier().lossless
+def test_defaults_are_the_served_ones():
+    # g and M are the authors' config; B defaults to 0 (strict) as a request's ASD always did
+    assert AsdVerifier() == AsdVerifier(budget=0.0, gate=0.25, max_exceptions=2, normalized=False)
+    assert AsdVerifier().lossless
+    assert not AsdVerifier(budget=8.0).lossless
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ def test_make_verifier_builds_each_name():
 def test_lossless_flags():
     assert make_verifier("strict").lossless
     assert make_verifier("sample").lossless
-    assert not make_verifier("asd").lossless
+    assert not make_verifier("asd", budget=8.0).lossless
     assert make_verifier("asd", budget=0.0).lossless
 
 

@@ -8,7 +8,10 @@ import requests
 from specdec.engine.settings import GenerationParams, SpecSettings
 
 PROMPT = "hello world hello world, hello"
-SETTINGS = [{}, {"policy": "heuristic", "gamma": 2}, {"verify": "asd", "asd_budget": 4.0}]
+SETTINGS = [{}, {"policy": "heuristic", "gamma": 2}, {"verify": "asd", "asd_budget": 4.0},
+            # the nested form: sections of the configs' knobs
+            {"policy": "heuristic", "heuristic": {"initial": 2, "max_len": 6}, "verify": "asd",
+             "asd": {"budget": 4.0, "gate": 0.5}}]
 
 
 def engine_tokens(engine, prompt_ids, max_tokens, **spec):

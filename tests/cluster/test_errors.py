@@ -17,6 +17,8 @@ CASES = [
     ({"speculative": {"verify": "asd", "asd_budget": -1.0}}, 400, "asd_budget"),
     ({"speculative": {"gamma": "four"}}, 400, "speculative.gamma"),
     ({"speculative": {"unknown": 1}}, 400, "speculative.unknown"),
+    ({"speculative": {"asd": {"gate": -1.0}}}, 400, "speculative.asd.gate"),
+    ({"speculative": {"pacer": {"bogus": 1}}}, 400, "speculative.pacer.bogus"),
     ({"speculative": {"policy": "pacer"}}, 400, "pre-verifier"),
     ({"max_tokens": "ten"}, 400, "max_tokens"),
     ({"prompt": 42}, 400, "prompt"),
