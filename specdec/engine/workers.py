@@ -1,8 +1,8 @@
 """The two sides of a speculative round, each holding its requests' state by request id.
 
-``TargetWorker`` owns the target model, every request's KV cache and ASD ledger, and runs
-verification next to the logits. ``DraftWorker`` owns the drafter, the PACER pre-verifier and
-every request's drafter state. Both are batch-first: a call may carry many requests (dicts keyed
+``TargetWorker`` owns the target model, every request's KV cache and verifier state (ASD's
+ledger), and runs verification next to the logits. ``DraftWorker`` owns the drafter, the PACER
+pre-verifier and every request's drafter state. Both are batch-first: a call may carry many requests (dicts keyed
 by request id) and runs one model forward for all of them; one request is a batch of one. Only
 token ids, a few stats and a few feature rows cross between them, never full logits, so in
 serving each is a Ray actor (``actors/`` wraps these classes) and in the single-process engine
@@ -25,7 +25,7 @@ import torch
 
 from specdec.algorithms.policies import POLICIES, DraftPolicy, make_policy
 from specdec.algorithms.sampling import Sampling
-from specdec.algorithms.verify import Verifier, make_verifier
+from specdec.algorithms.verify import Verifier, VerifyInputs, make_verifier
 from specdec.engine.logprobs import TokenLogprobs, score
 from specdec.engine.settings import GenerationParams
 from specdec.models.drafter import DraftBlock, Drafter
@@ -61,6 +61,7 @@ class RoundResult:
 class TargetRequest:
     state: TargetState
     verifier: Verifier
+    verifier_state: Any  # what the verifier keeps across rounds (ASD: the regret ledger)
     generator: torch.Generator
     pending: int  # last verified token, not yet in the cache (see ``primed``)
     # While the prompt is prefilled (possibly in chunks over several steps): the prompt, the
@@ -71,7 +72,6 @@ class TargetRequest:
     # Until the first round: the prefill's outputs at the pending token, which it did cache
     # (logits [1, V], taps [1, F] or None).
     primed: tuple[torch.Tensor, torch.Tensor | None] | None = None
-    spent: float = 0.0  # ASD ledger: regret spent so far
     logprobs: int | None = None  # top alternatives to report per token; None: no logprobs
 
 
@@ -155,7 +155,8 @@ class TargetWorker:
             self.target.release(state)
             raise
         _, target_gen = generators(req.params.seed)
-        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=req.prompt_ids[-1],
+        self.requests[rid] = TargetRequest(state, verifier, verifier.new_state(), target_gen,
+                                           pending=req.prompt_ids[-1],
                                            prompt=list(req.prompt_ids),
                                            logprobs=req.params.logprobs)
 
@@ -243,11 +244,9 @@ class TargetWorker:
         start = req.state.length - len(draft.tokens) - 1  # where the pending token sits
         # K+1 rows of logits are small next to a forward pass: verify on the CPU, where the
         # request's generator lives, whatever device the target runs on.
-        verdict = req.verifier.verify(
-            logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
-            draft_probs=draft.probs, generator=req.generator,
-        )
-        req.spent += verdict.regret
+        inputs = VerifyInputs(logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long),
+                              draft.probs, req.generator)
+        verdict = req.verifier.verify(req.verifier_state, inputs)
         self.target.crop(req.state, start + 1 + verdict.accepted)
         req.pending = verdict.tokens[-1]
         features = None if taps is None else taps[: verdict.accepted + 1].cpu()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.algorithms.sampling import Sampling
-from specdec.algorithms.verify import Verifier
+from specdec.algorithms.verify import Verifier, VerifyInputs
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
 
@@ -60,15 +60,15 @@ def simulate_request(target: TargetModel, drafter: Drafter, verifier: Verifier,
     taps = drafter.needs_target_features
     features = target.forward(state, prompt_ids[:-1], taps=taps, last_logits_only=True).taps
     dstate = drafter.start(list(prompt_ids), features)
-    pending, produced, spent, records, step = prompt_ids[-1], 0, 0.0, [], 0
+    pending, produced, records, step = prompt_ids[-1], 0, [], 0
+    vstate = verifier.new_state()  # the verifier's per-request state (ASD: the ledger)
     eos = target.eos_token_ids
     while produced < max_new_tokens:
         room = min(draft_len, max_new_tokens - produced - 1, target.max_length - state.length - 2)
         draft = drafter.propose(dstate, max(0, room), greedy)
         start = state.length
         out = target.forward(state, [pending, *draft.tokens.tolist()], taps=taps)
-        verdict = verifier.verify(out.logits, draft.tokens, spent=spent)
-        spent += verdict.regret
+        verdict = verifier.verify(vstate, VerifyInputs(out.logits, draft.tokens))
         records += round_records(step, draft, out.logits, verdict.accepted, pacer_block)
         target.crop(state, start + 1 + verdict.accepted)
         pending, produced, step = verdict.tokens[-1], produced + len(verdict.tokens), step + 1
