@@ -8,7 +8,7 @@ tokenises with the target's tokenizer, and streams rounds as SSE chunks.
 
 A request of ``n`` choices is a ``Job`` of n round loops (seeds seed + i), each its own request
 on the actors and holding one concurrency slot. Stop strings are checked by the round loop
-(``Progress`` with ``specdec.engine.stops.StopStrings`` over this tokenizer), so a round that
+(``RoundProgram`` with ``specdec.engine.stops.StopStrings`` over this tokenizer), so a round that
 runs past one is cut exactly as at EOS; ``TextStream`` holds back text that may begin one.
 ``GET /metrics`` renders ``cluster.prometheus.ApiMetrics``.
 """
@@ -41,7 +41,8 @@ from cluster.prometheus import CONTENT_TYPE, ApiMetrics, Fanout
 from cluster.schema import ServeArgs, Speculative
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
-from specdec.engine.engine import Progress, check_pair, check_prompt
+from specdec.engine.engine import check_pair, check_prompt
+from specdec.engine.rounds import RoundProgram
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.stops import StopStrings
 from specdec.models.registry import resolve_model_ref
@@ -164,7 +165,7 @@ class Server:
         except wire.ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
         stops = None if not job.stops else StopStrings(job.stops, self._decode)
-        job.runs = [Progress(prompt_ids, replace(params, seed=params.seed + i), stops)
+        job.runs = [RoundProgram(prompt_ids, replace(params, seed=params.seed + i), stops)
                     for i in range(req.n)]
         if req.stream:
             # The slots are freed by the stream's end, or by the background task when a client
@@ -438,7 +439,7 @@ def logprobs_of(req, chat: bool) -> int | None:
 
 
 class Job:
-    """One HTTP request: its n choices (``runs``, one ``Progress`` each) and their request ids."""
+    """One HTTP request: its n choices (``runs``, one ``RoundProgram`` each) and their request ids."""
 
     def __init__(self, rid: str, chat: bool, req, t0: float):
         self.rid, self.chat, self.req, self.t0 = rid, chat, req, t0
@@ -446,7 +447,7 @@ class Job:
         self.stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         opts = req.stream_options
         self.include_usage = bool(opts is not None and opts.include_usage)
-        self.runs: list[Progress] = []
+        self.runs: list[RoundProgram] = []
         self.started = False  # whether the first token came
         self.finished = False
 

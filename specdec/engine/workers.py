@@ -278,15 +278,29 @@ class DraftRequest:
 class DraftWorker:
     """``draft_batch`` and ``commit_batch`` take dicts keyed by request id; drafters with the
     optional ``prepare`` / ``commit_batch`` (block, hybrid) batch their forwards across the
-    requests, the others (n-gram, suffix, AR) run per request. ``draft`` / ``commit`` are the
-    batch of one."""
+    requests, the others (n-gram, suffix, AR) run per request. ``open`` takes dicts too;
+    ``draft`` / ``commit`` are the batch of one."""
 
     def __init__(self, drafter: Drafter, preverifier: torch.nn.Module | None = None):
         self.drafter = drafter
         self.preverifier = preverifier
         self.requests: dict[str, DraftRequest] = {}
 
-    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
+    def open(self, batch: dict[str, OpenRequest],
+             features: dict[str, torch.Tensor | None]) -> None:
+        """Start every request of ``batch`` on its prompt and the target's ``features`` of it
+        (what ``TargetWorker.open`` returned, keyed alike). All or nothing."""
+        opened = []
+        try:
+            for rid, req in batch.items():
+                self._open(rid, req.prompt_ids, features.get(rid), req.params)
+                opened.append(rid)
+        except Exception:
+            for rid in opened:
+                self.close(rid)
+            raise
+
+    def _open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already open")
         spec = params.spec

@@ -13,7 +13,7 @@ import torch
 
 from specdec.engine.loading import load_pair, untrained_preverifier
 from specdec.engine.settings import GenerationParams, SpecSettings
-from specdec.engine.workers import DraftWorker, RoundResult
+from specdec.engine.workers import DraftWorker, OpenRequest, RoundResult
 from specdec.models.hybrid import HybridState
 
 # context lengths differ (1 to 15 tokens); limits per round, 0 and 1 included. Bonus tokens are
@@ -44,7 +44,8 @@ def open_all(worker: DraftWorker, spec: SpecSettings, temperature: float) -> Non
     for i, (rid, prompt) in enumerate(PROMPTS.items()):
         features = torch.randn(len(prompt) - 1, width(worker), generator=gen, dtype=torch.float64)
         params = GenerationParams(temperature=temperature, seed=100 + i, spec=spec)
-        worker.open(rid, prompt, features if width(worker) else None, params)
+        worker.open({rid: OpenRequest(prompt, params)},
+                    {rid: features if width(worker) else None})
 
 
 def results(drafts: dict, n_features: int, gen: torch.Generator) -> dict:

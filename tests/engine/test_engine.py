@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine.engine import Engine, truncate
+from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
+from specdec.engine.rounds import truncate
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.models.ngram import NgramDrafter
 from specdec.models.target import TargetModel
