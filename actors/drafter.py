@@ -52,7 +52,7 @@ class DrafterActor(RequestHost):
         self.scheduler = DraftScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> DrafterInfo:
-        return DrafterInfo(self.worker.drafter.vocab_size, torch.get_num_threads())
+        return DrafterInfo(self.worker.draft_model.vocab_size, torch.get_num_threads())
 
     def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         self.sweep()

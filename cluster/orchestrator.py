@@ -54,9 +54,9 @@ def detached(fn, *args) -> None:
 
 
 class Orchestrator:
-    def __init__(self, target, drafter, eos_token_ids: frozenset[int], observer=None):
-        self.target = target  # Ray actor handle of a TargetActor
-        self.drafter = drafter  # Ray actor handle of a DrafterActor, or None (plain decoding)
+    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None):
+        self.target_actor = target_actor  # Ray actor handle of a TargetActor
+        self.drafter_actor = drafter_actor  # of a DrafterActor, or None (plain decoding)
         self.eos = eos_token_ids
         # optional: .round(draft, result, seconds), .finished(program), and for the target's
         # batching .step(StepInfo) once per step and .queued(seconds) once per target call
@@ -98,21 +98,21 @@ class Orchestrator:
                 self.observer.finished(program)
 
     async def _open(self, rid: str, step: rounds.Open) -> rounds.Opened:
-        opened = await self.target.open.remote(rid, step.prompt_ids, step.params)
+        opened = await self.target_actor.open.remote(rid, step.prompt_ids, step.params)
         t0 = time.perf_counter()
-        if self.drafter is not None:
-            await self.drafter.open.remote(rid, step.prompt_ids, opened.features, step.params)
+        if self.drafter_actor is not None:
+            await self.drafter_actor.open.remote(rid, step.prompt_ids, opened.features, step.params)
         self._observe(opened.step)
         drafter_s = time.perf_counter() - t0
         return rounds.Opened(opened.room, opened.target_s, drafter_s, opened.draft_cap)
 
     async def _draft(self, rid: str, limit: int, commit: rounds.Commit | None) -> Draft:
-        if self.drafter is None:
+        if self.drafter_actor is None:
             return Draft([], None)
-        return await self.drafter.draft.remote(rid, limit, commit)
+        return await self.drafter_actor.draft.remote(rid, limit, commit)
 
     async def _verify(self, rid: str, draft: Draft, t_round: float) -> rounds.Verified:
-        verified = await self.target.verify.remote(rid, draft)
+        verified = await self.target_actor.verify.remote(rid, draft)
         if self.observer is not None:
             self.observer.round(draft, verified.result, time.perf_counter() - t_round)
         self._observe(verified.step)
@@ -133,17 +133,17 @@ class Orchestrator:
         detached(self._close_now, rid)
 
     def _close_now(self, rid: str) -> None:
-        self.target.close.remote(rid)
-        if self.drafter is not None:
-            self.drafter.close.remote(rid)
+        self.target_actor.close.remote(rid)
+        if self.drafter_actor is not None:
+            self.drafter_actor.close.remote(rid)
 
     async def reap(self) -> list[str]:
         """Close every request an actor holds state for that has no running loop; return them.
         A request seen in an actor was opened, so it joined ``live`` before; if it has left
         ``live`` since, its loop ended and a second close is harmless."""
-        held = set(await control(self.target.active).remote())
-        if self.drafter is not None:
-            held |= set(await control(self.drafter.active).remote())
+        held = set(await control(self.target_actor.active).remote())
+        if self.drafter_actor is not None:
+            held |= set(await control(self.drafter_actor.active).remote())
         orphans = sorted(held - self.live)
         for rid in orphans:
             self.close(rid)

@@ -88,15 +88,16 @@ REPLICA_HEADER = "x-specdec-replica"
 class Server:
     def __init__(self, args: dict, spawn, observer=None):
         self.args = ServeArgs.model_validate(args)
-        self.target, self.drafter = spawn(self.args)
-        self.info = ray.get(self.target.info.remote())
-        if self.drafter is not None:
-            check_pair(self.info, ray.get(self.drafter.info.remote()))
+        self.target_actor, self.drafter_actor = spawn(self.args)
+        self.info = ray.get(self.target_actor.info.remote())
+        if self.drafter_actor is not None:
+            check_pair(self.info, ray.get(self.drafter_actor.info.remote()))
         self.tokenizer = AutoTokenizer.from_pretrained(resolve(resolve_model_ref(self.args.target)))
         self.model_id = self.args.served_model_id
         self.observer = observer  # the Ray metrics (``GET /debug/metrics`` has their totals)
         self.prometheus = ApiMetrics(self.model_id, self.args.limits.kv_slots)  # ``GET /metrics``
-        self.orchestrator = Orchestrator(self.target, self.drafter, self.info.eos_token_ids,
+        self.orchestrator = Orchestrator(self.target_actor, self.drafter_actor,
+                                         self.info.eos_token_ids,
                                          Fanout(observer, self.prometheus))
         self.slots: set[str] = set()  # request ids holding a concurrency slot
         self.reaper: asyncio.Task | None = None  # started with the first request
@@ -137,14 +138,16 @@ class Server:
     async def active(self) -> JSONResponse:
         """Request ids holding state in each actor of this replica, for tests and operators;
         the ``x-specdec-replica`` header (the replica's process id) tells replicas apart."""
-        drafter = [] if self.drafter is None else await control(self.drafter.active).remote()
-        return JSONResponse({"target": await control(self.target.active).remote(),
+        drafter_actor = self.drafter_actor
+        drafter = [] if drafter_actor is None else await control(drafter_actor.active).remote()
+        return JSONResponse({"target": await control(self.target_actor.active).remote(),
                              "drafter": drafter}, headers={REPLICA_HEADER: str(os.getpid())})
 
     async def actors(self) -> dict:
         """Process id and resident memory of each actor (for tests and operators)."""
-        drafter = None if self.drafter is None else await control(self.drafter.process).remote()
-        return {"target": await control(self.target.process).remote(), "drafter": drafter}
+        drafter_actor = self.drafter_actor
+        drafter = None if drafter_actor is None else await control(drafter_actor.process).remote()
+        return {"target": await control(self.target_actor.process).remote(), "drafter": drafter}
 
     async def metrics(self) -> dict:
         """Running totals of the metrics this replica exported (Prometheus has the rest)."""
@@ -439,7 +442,7 @@ def logprobs_of(req, chat: bool) -> int | None:
 
 
 class Job:
-    """One HTTP request: its n choices (``runs``, one ``RoundProgram`` each) and their request ids."""
+    """One HTTP request: its n choices (``runs``, one ``RoundProgram`` each) and their ids."""
 
     def __init__(self, rid: str, chat: bool, req, t0: float):
         self.rid, self.chat, self.req, self.t0 = rid, chat, req, t0

@@ -89,16 +89,18 @@ class Engine:
 
     _ids = itertools.count()
 
-    def __init__(self, target: TargetModel, drafter: Drafter | None = None, preverifier=None):
-        check_pair(target, drafter)
-        self.target = TargetWorker(target, features=bool(drafter and drafter.needs_target_features))
-        self.drafter = DraftWorker(drafter, preverifier) if drafter is not None else None
-        self.eos = target.eos_token_ids
+    def __init__(self, target_model: TargetModel, draft_model: Drafter | None = None,
+                 preverifier=None):
+        check_pair(target_model, draft_model)
+        features = bool(draft_model and draft_model.needs_target_features)
+        self.target_worker = TargetWorker(target_model, features)
+        self.draft_worker = None if draft_model is None else DraftWorker(draft_model, preverifier)
+        self.eos = target_model.eos_token_ids
 
     def stream(self, prompt_ids: list[int], params: GenerationParams | None = None,
                stops: StopStrings | None = None) -> Generation:
         params = params or GenerationParams()
-        check_prompt(prompt_ids, self.target.target)
+        check_prompt(prompt_ids, self.target_worker.target_model)
         program = rounds.RoundProgram(prompt_ids, params, stops)
         return Generation(program, self.run(f"local-{next(self._ids)}", program))
 
@@ -128,31 +130,31 @@ class Engine:
             case rounds.Open():
                 return self._open(rid, step)
             case rounds.Propose(limit):
-                if self.drafter is None or limit < 1:
+                if self.draft_worker is None or limit < 1:
                     return Draft([], None)
-                return self.drafter.draft(rid, limit)
+                return self.draft_worker.draft(rid, limit)
             case rounds.Verify(draft):
-                result = self.target.verify({rid: draft})[rid]
-                return rounds.Verified(result, self.target.room(rid))
+                result = self.target_worker.verify({rid: draft})[rid]
+                return rounds.Verified(result, self.target_worker.room(rid))
             case rounds.Commit(result, drafted):
-                if self.drafter is None:
+                if self.draft_worker is None:
                     return None
                 t0 = time.perf_counter()
-                self.drafter.commit(rid, result, drafted)
+                self.draft_worker.commit(rid, result, drafted)
                 return time.perf_counter() - t0
         return None  # Emit
 
     def _open(self, rid: str, step: rounds.Open) -> rounds.Opened:
         t0 = time.perf_counter()
         batch = {rid: OpenRequest(step.prompt_ids, step.params)}
-        features = self.target.open(batch)
+        features = self.target_worker.open(batch)
         t1 = time.perf_counter()
-        if self.drafter is not None:
-            self.drafter.open(batch, features)
-        return rounds.Opened(self.target.room(rid), target_s=t1 - t0,
+        if self.draft_worker is not None:
+            self.draft_worker.open(batch, features)
+        return rounds.Opened(self.target_worker.room(rid), target_s=t1 - t0,
                              drafter_s=time.perf_counter() - t1)
 
     def close(self, rid: str) -> None:
-        self.target.close(rid)
-        if self.drafter is not None:
-            self.drafter.close(rid)
+        self.target_worker.close(rid)
+        if self.draft_worker is not None:
+            self.draft_worker.close(rid)

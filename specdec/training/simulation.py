@@ -60,12 +60,13 @@ class _Simulator:
     workers never hand out; its context room is one token more conservative than the
     ``TargetWorker``'s (as this simulation always was)."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter, verifier: Verifier,
+    def __init__(self, target_model: TargetModel, draft_model: Drafter, verifier: Verifier,
                  draft_len: int, pacer_block: int):
-        self.target, self.drafter, self.verifier = target, drafter, verifier
+        self.target_model, self.draft_model = target_model, draft_model
+        self.verifier = verifier
         self.draft_len, self.pacer_block = draft_len, pacer_block
         self.greedy = Sampling(0.0, torch.Generator().manual_seed(0))
-        self.taps = drafter.needs_target_features
+        self.taps = draft_model.needs_target_features
         self.records: list[TokenRecord] = []
         self.round_index = 0
 
@@ -74,20 +75,20 @@ class _Simulator:
             case rounds.Open(prompt_ids):
                 return self.open(prompt_ids)
             case rounds.Propose(limit):
-                self.block = self.drafter.propose(self.dstate, max(0, limit), self.greedy)
+                self.block = self.draft_model.propose(self.dstate, max(0, limit), self.greedy)
                 return Draft(self.block.tokens.tolist(), None)
             case rounds.Verify():
                 return self.verify(self.block)
             case rounds.Commit(result):
-                self.drafter.commit(self.dstate, result.tokens, result.features)
+                self.draft_model.commit(self.dstate, result.tokens, result.features)
         return None  # Emit
 
     def open(self, prompt_ids: list[int]) -> rounds.Opened:
         """Cache the prompt but its last token (pending); the drafter starts on the prompt."""
-        self.state = self.target.new_state()
-        features = self.target.forward(self.state, prompt_ids[:-1], taps=self.taps,
+        self.state = self.target_model.new_state()
+        features = self.target_model.forward(self.state, prompt_ids[:-1], taps=self.taps,
                                        last_logits_only=True).taps
-        self.dstate = self.drafter.start(list(prompt_ids), features)
+        self.dstate = self.draft_model.start(list(prompt_ids), features)
         self.vstate, self.pending = self.verifier.new_state(), prompt_ids[-1]
         return rounds.Opened(self.room(), draft_cap=self.draft_len)  # full-window drafts
 
@@ -95,11 +96,11 @@ class _Simulator:
         """One pass over [pending, *draft]: logits z_0..z_K; verify, record, crop."""
         start = self.state.length
         ids = [self.pending, *block.tokens.tolist()]
-        out = self.target.forward(self.state, ids, taps=self.taps)
+        out = self.target_model.forward(self.state, ids, taps=self.taps)
         verdict = self.verifier.verify(self.vstate, VerifyInputs(out.logits, block.tokens))
         self.records += round_records(self.round_index, block, out.logits, verdict.accepted,
                                       self.pacer_block)
-        self.target.crop(self.state, start + 1 + verdict.accepted)
+        self.target_model.crop(self.state, start + 1 + verdict.accepted)
         self.pending, self.round_index = verdict.tokens[-1], self.round_index + 1
         features = None if out.taps is None else out.taps[: verdict.accepted + 1]
         result = RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
@@ -107,18 +108,18 @@ class _Simulator:
         return rounds.Verified(result, self.room(), draft_cap=self.draft_len)
 
     def room(self) -> int:
-        return self.target.max_length - self.state.length - 2
+        return self.target_model.max_length - self.state.length - 2
 
 
-def simulate_request(target: TargetModel, drafter: Drafter, verifier: Verifier,
+def simulate_request(target_model: TargetModel, draft_model: Drafter, verifier: Verifier,
                      prompt_ids: list[int], max_new_tokens: int, draft_len: int,
                      pacer_block: int = 4) -> list[TokenRecord]:
     """Greedy SD over one prompt; every round drafts ``draft_len`` tokens (fewer near the end)."""
     if len(prompt_ids) < 2:
         raise ValueError("simulation needs a prompt of at least 2 tokens")
-    sim = _Simulator(target, drafter, verifier, draft_len, pacer_block)
+    sim = _Simulator(target_model, draft_model, verifier, draft_len, pacer_block)
     program = rounds.RoundProgram(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens))
-    steps = program.steps(target.eos_token_ids)
+    steps = program.steps(target_model.eos_token_ids)
     step = next(steps)
     while not isinstance(step, rounds.Finish):
         step = steps.send(sim.answer(step))
