@@ -19,18 +19,11 @@ from actors.host import RequestHost
 from actors.leases import Leases, require_state
 from actors.scheduler import BatchingConfig, DraftCall, DraftScheduler
 from specdec.engine.loading import load_drafter_side, load_preverifier
+from specdec.engine.rounds import Commit
 from specdec.engine.settings import GenerationParams
-from specdec.engine.workers import Draft, DraftWorker, RoundResult
+from specdec.engine.workers import Draft, DraftWorker, OpenRequest
 from specdec.models.registry import resolve_model_ref
 from specdec.models.suffix import SuffixConfig
-
-
-@dataclass(frozen=True)
-class Commit:
-    """What the target committed in the previous round, for the drafter to catch up on."""
-
-    result: RoundResult
-    drafted: int  # draft length of that round (the policy's feedback)
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,7 @@ class DrafterActor(RequestHost):
         self.scheduler = DraftScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> DrafterInfo:
-        return DrafterInfo(self.worker.drafter.vocab_size, torch.get_num_threads())
+        return DrafterInfo(self.worker.draft_model.vocab_size, torch.get_num_threads())
 
     def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         self.sweep()
@@ -67,7 +60,7 @@ class DrafterActor(RequestHost):
 
     def _open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         with self.scheduler.model_lock:
-            self.worker.open(rid, prompt_ids, features, params)
+            self.worker.open({rid: OpenRequest(prompt_ids, params)}, {rid: features})
         self.scheduler.opened(rid)
 
     def draft(self, rid: str, limit: int, commit: Commit | None = None) -> Draft:

@@ -65,7 +65,7 @@ class TargetActor(RequestHost):
         self.scheduler = TargetScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> TargetInfo:
-        t = self.worker.target
+        t = self.worker.target_model
         return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads())
 
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> Opened:

@@ -190,8 +190,8 @@ def suffix_engines(refs: dict, engines: set[str], base, main) -> dict:
 
     out = {k: Engine(base, cold()) for k in ("suffix", "suffix_warm") if k in engines}
     if "hybrid" in engines:
-        hybrid = HybridDrafter(cold(), main.drafter.drafter, main.drafter.preverifier)
-        out["hybrid"] = Engine(main.target.target, hybrid)
+        hybrid = HybridDrafter(cold(), main.draft_worker.draft_model, main.draft_worker.preverifier)
+        out["hybrid"] = Engine(main.target_worker.target_model, hybrid)
     return out
 
 
@@ -231,7 +231,7 @@ def hf_runner(model, eos: list[int], settings: dict) -> Runner:
 def warm_runner(engine, settings: dict, prompts: list[Prompt], outputs: dict[str, list[int]]) -> Runner:
     """The suffix drafter with the target's outputs of the *other* prompts of the same workload
     in its global tree (as if they had been served first); the prompt's own output never."""
-    drafter, run = engine.drafter.drafter, engine_runner(engine, settings)
+    drafter, run = engine.draft_worker.draft_model, engine_runner(engine, settings)
     keys = {p.id: drafter.remember(outputs[p.id]) for p in prompts}
     by_ids = {tuple(p.ids): p for p in prompts}
 

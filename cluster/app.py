@@ -64,19 +64,19 @@ def spawn_actors(args: ServeArgs):
     """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
     ttl = args.limits.idle_ttl_s
     batching, calls = args.batching.actor_config(), args.limits.kv_slots + 8
-    target = actor_class(TargetActor, calls).options(
+    target_actor = actor_class(TargetActor, calls).options(
         **actor_options(args.target_resources, args)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
         batching)
     if args.drafter == "none":
-        return target, None
-    drafter = actor_class(DrafterActor, calls).options(
+        return target_actor, None
+    drafter_actor = actor_class(DrafterActor, calls).options(
         **actor_options(args.drafter_resources, args)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
         ttl, device_of(args.drafter_resources), args.suffix.model_dump(), args.block_drafter,
         batching)
-    return target, drafter
+    return target_actor, drafter_actor
 
 
 def resolve_references(args: ServeArgs) -> ServeArgs:

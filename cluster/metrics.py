@@ -84,7 +84,7 @@ class ServeMetrics:
         self.totals.update(queued_calls=1)
         self.totals["queue_wait_s"] += seconds
 
-    def finished(self, progress) -> None:
+    def finished(self, program) -> None:
         self.requests.inc()
         self.totals.update(requests=1)
 

@@ -1,12 +1,13 @@
-"""The served round loop: drives one request's rounds across the drafter and target actors.
+"""The served round loop: drives one request's round program across the drafter and target actors.
 
-Per round: draft on the drafter actor (which first commits the previous round's result), verify
-on the target actor, then settle with the engine's own ``Progress`` (the same limit, truncation
-and stats code as ``specdec.engine.engine.Engine``), so served tokens equal engine tokens. Two
-actor calls per round; only token ids, stats and a few feature rows cross. Many requests run
-concurrently on one event loop; the actors batch the calls that wait at the same time (one
-target forward verifies them all), and each answer carries the load-aware cap on the next
-draft, which shrinks as the batch grows.
+The round is ``specdec.engine.rounds.RoundProgram``, the very program the engine drives (the
+same limit, truncation, finishing and stats), so served tokens equal engine tokens; this module
+answers its steps with awaited actor calls. Per round: draft on the drafter actor, which first
+commits the previous round's result (the program's ``Commit`` is held back and sent with the
+next draft call), then verify on the target actor. Two actor calls per round; only token ids,
+stats and a few feature rows cross. Many requests run concurrently on one event loop; the
+actors batch the calls that wait at the same time (one target forward verifies them all), and
+each answer carries the load-aware cap on the next draft, which shrinks as the batch grows.
 ``reap`` frees state an actor holds for a request with no running loop (an orphan: a loop whose
 ``finally`` never ran), so no path leaves state behind for longer than one reaping period.
 This module knows nothing about HTTP or tokenisation.
@@ -26,8 +27,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from actors.drafter import Commit
-from specdec.engine.engine import Progress
+from specdec.engine import rounds
 from specdec.engine.workers import Draft
 
 # The actors' bookkeeping reads (``active``, ``process``) run in a concurrency group of their
@@ -54,62 +54,69 @@ def detached(fn, *args) -> None:
 
 
 class Orchestrator:
-    def __init__(self, target, drafter, eos_token_ids: frozenset[int], observer=None):
-        self.target = target  # Ray actor handle of a TargetActor
-        self.drafter = drafter  # Ray actor handle of a DrafterActor, or None (plain decoding)
+    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None):
+        self.target_actor = target_actor  # Ray actor handle of a TargetActor
+        self.drafter_actor = drafter_actor  # of a DrafterActor, or None (plain decoding)
         self.eos = eos_token_ids
-        # optional: .round(draft, result, seconds), .finished(progress), and for the target's
+        # optional: .round(draft, result, seconds), .finished(program), and for the target's
         # batching .step(StepInfo) once per step and .queued(seconds) once per target call
         self.observer = observer
         self.seen_steps: deque[int] = deque(maxlen=256)  # recent target steps already observed
         self.live: set[str] = set()  # requests whose loop is running
 
-    async def run(self, rid: str, progress: Progress) -> AsyncIterator[list[int]]:
-        """Yield each round's newly committed tokens; state is freed in both actors however the
-        loop ends (finish, error, or the caller cancelling it mid-round)."""
+    async def run(self, rid: str, program: rounds.RoundProgram) -> AsyncIterator[list[int]]:
+        """Drive ``program`` over the actors; yield each round's newly committed tokens. State
+        is freed in both actors however the loop ends (finish, error, or the caller cancelling
+        it mid-round)."""
         t0 = time.perf_counter()
         self.live.add(rid)
+        steps = program.steps(self.eos)
         try:
-            opened = await self._open(rid, progress)
-            room, cap, commit = opened.room, opened.draft_cap, None
-            while progress.finish_reason is None:
-                t1 = time.perf_counter()
-                draft = await self._draft(rid, progress, room, cap, commit)
-                verified = await self.target.verify.remote(rid, draft)
-                new = progress.settle(draft, verified.result, room, self.eos)
-                commit, room = Commit(verified.result, len(draft.tokens)), verified.room
-                cap = verified.draft_cap
-                progress.stats.total_s = time.perf_counter() - t0
-                if self.observer is not None:
-                    self.observer.round(draft, verified.result, time.perf_counter() - t1)
-                self._observe(verified.step)
-                if new:
-                    yield new
+            step, answer, commit, t1 = next(steps), None, None, t0
+            while not isinstance(step, rounds.Finish):
+                match step:
+                    case rounds.Open():
+                        answer = await self._open(rid, step)
+                    case rounds.Propose(limit):
+                        t1 = time.perf_counter()
+                        answer = await self._draft(rid, limit, commit)
+                        commit = None
+                    case rounds.Verify(draft):
+                        answer = await self._verify(rid, draft, t1)
+                    case rounds.Commit():
+                        answer, commit = None, step  # sent with the next draft call
+                    case rounds.Emit(tokens):
+                        program.stats.total_s = time.perf_counter() - t0
+                        answer = None
+                        yield tokens
+                step = steps.send(answer)
         finally:
             self.close(rid)
             self.live.discard(rid)
-            progress.stats.total_s = time.perf_counter() - t0
+            program.stats.total_s = time.perf_counter() - t0
             if self.observer is not None:
-                self.observer.finished(progress)
+                self.observer.finished(program)
 
-    async def _open(self, rid: str, progress: Progress):
-        opened = await self.target.open.remote(rid, progress.prompt_ids, progress.params)
+    async def _open(self, rid: str, step: rounds.Open) -> rounds.Opened:
+        opened = await self.target_actor.open.remote(rid, step.prompt_ids, step.params)
         t0 = time.perf_counter()
-        if self.drafter is not None:
-            await self.drafter.open.remote(rid, progress.prompt_ids, opened.features,
-                                           progress.params)
-        progress.opened(target_s=opened.target_s, drafter_s=time.perf_counter() - t0)
+        if self.drafter_actor is not None:
+            await self.drafter_actor.open.remote(rid, step.prompt_ids, opened.features, step.params)
         self._observe(opened.step)
-        return opened
+        drafter_s = time.perf_counter() - t0
+        return rounds.Opened(opened.room, opened.target_s, drafter_s, opened.draft_cap)
 
-    async def _draft(self, rid: str, progress: Progress, room: int, cap: int | None,
-                     commit: Commit | None) -> Draft:
-        if self.drafter is None:
+    async def _draft(self, rid: str, limit: int, commit: rounds.Commit | None) -> Draft:
+        if self.drafter_actor is None:
             return Draft([], None)
-        limit = progress.limit(room) if cap is None else min(progress.limit(room), cap)
-        draft = await self.drafter.draft.remote(rid, limit, commit)
-        progress.drafted(draft)
-        return draft
+        return await self.drafter_actor.draft.remote(rid, limit, commit)
+
+    async def _verify(self, rid: str, draft: Draft, t_round: float) -> rounds.Verified:
+        verified = await self.target_actor.verify.remote(rid, draft)
+        if self.observer is not None:
+            self.observer.round(draft, verified.result, time.perf_counter() - t_round)
+        self._observe(verified.step)
+        return rounds.Verified(verified.result, verified.room, verified.draft_cap)
 
     def _observe(self, info) -> None:
         if self.observer is None or info is None:
@@ -126,17 +133,17 @@ class Orchestrator:
         detached(self._close_now, rid)
 
     def _close_now(self, rid: str) -> None:
-        self.target.close.remote(rid)
-        if self.drafter is not None:
-            self.drafter.close.remote(rid)
+        self.target_actor.close.remote(rid)
+        if self.drafter_actor is not None:
+            self.drafter_actor.close.remote(rid)
 
     async def reap(self) -> list[str]:
         """Close every request an actor holds state for that has no running loop; return them.
         A request seen in an actor was opened, so it joined ``live`` before; if it has left
         ``live`` since, its loop ended and a second close is harmless."""
-        held = set(await control(self.target.active).remote())
-        if self.drafter is not None:
-            held |= set(await control(self.drafter.active).remote())
+        held = set(await control(self.target_actor.active).remote())
+        if self.drafter_actor is not None:
+            held |= set(await control(self.drafter_actor.active).remote())
         orphans = sorted(held - self.live)
         for rid in orphans:
             self.close(rid)

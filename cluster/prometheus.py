@@ -70,7 +70,7 @@ class ApiMetrics:
         for i in range(result.accepted):
             self.accepted_at.labels(self.model, str(i)).inc()
 
-    def finished(self, progress) -> None:
+    def finished(self, program) -> None:
         """One choice's round loop ended (its tokens are counted per request, below)."""
 
     def step(self, info) -> None:
@@ -111,9 +111,9 @@ class Fanout:
         for o in self.observers:
             o.round(draft, result, seconds)
 
-    def finished(self, progress) -> None:
+    def finished(self, program) -> None:
         for o in self.observers:
-            o.finished(progress)
+            o.finished(program)
 
     def step(self, info) -> None:
         for o in self.observers:

@@ -8,7 +8,7 @@ tokenises with the target's tokenizer, and streams rounds as SSE chunks.
 
 A request of ``n`` choices is a ``Job`` of n round loops (seeds seed + i), each its own request
 on the actors and holding one concurrency slot. Stop strings are checked by the round loop
-(``Progress`` with ``specdec.engine.stops.StopStrings`` over this tokenizer), so a round that
+(``RoundProgram`` with ``specdec.engine.stops.StopStrings`` over this tokenizer), so a round that
 runs past one is cut exactly as at EOS; ``TextStream`` holds back text that may begin one.
 ``GET /metrics`` renders ``cluster.prometheus.ApiMetrics``.
 """
@@ -41,7 +41,8 @@ from cluster.prometheus import CONTENT_TYPE, ApiMetrics, Fanout
 from cluster.schema import ServeArgs
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
-from specdec.engine.engine import Progress, check_pair, check_prompt
+from specdec.engine.engine import check_pair, check_prompt
+from specdec.engine.rounds import RoundProgram
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.stops import StopStrings
 from specdec.models.registry import resolve_model_ref
@@ -89,15 +90,16 @@ class Server:
         self.args = ServeArgs.model_validate(args)
         # the served defaults; a request's speculative field is laid over them
         self.served_spec = SpecSettings(**self.args.speculative.model_dump(exclude_unset=True))
-        self.target, self.drafter = spawn(self.args)
-        self.info = ray.get(self.target.info.remote())
-        if self.drafter is not None:
-            check_pair(self.info, ray.get(self.drafter.info.remote()))
+        self.target_actor, self.drafter_actor = spawn(self.args)
+        self.info = ray.get(self.target_actor.info.remote())
+        if self.drafter_actor is not None:
+            check_pair(self.info, ray.get(self.drafter_actor.info.remote()))
         self.tokenizer = AutoTokenizer.from_pretrained(resolve(resolve_model_ref(self.args.target)))
         self.model_id = self.args.served_model_id
         self.observer = observer  # the Ray metrics (``GET /debug/metrics`` has their totals)
         self.prometheus = ApiMetrics(self.model_id, self.args.limits.kv_slots)  # ``GET /metrics``
-        self.orchestrator = Orchestrator(self.target, self.drafter, self.info.eos_token_ids,
+        self.orchestrator = Orchestrator(self.target_actor, self.drafter_actor,
+                                         self.info.eos_token_ids,
                                          Fanout(observer, self.prometheus))
         self.slots: set[str] = set()  # request ids holding a concurrency slot
         self.reaper: asyncio.Task | None = None  # started with the first request
@@ -138,14 +140,16 @@ class Server:
     async def active(self) -> JSONResponse:
         """Request ids holding state in each actor of this replica, for tests and operators;
         the ``x-specdec-replica`` header (the replica's process id) tells replicas apart."""
-        drafter = [] if self.drafter is None else await control(self.drafter.active).remote()
-        return JSONResponse({"target": await control(self.target.active).remote(),
+        drafter_actor = self.drafter_actor
+        drafter = [] if drafter_actor is None else await control(drafter_actor.active).remote()
+        return JSONResponse({"target": await control(self.target_actor.active).remote(),
                              "drafter": drafter}, headers={REPLICA_HEADER: str(os.getpid())})
 
     async def actors(self) -> dict:
         """Process id and resident memory of each actor (for tests and operators)."""
-        drafter = None if self.drafter is None else await control(self.drafter.process).remote()
-        return {"target": await control(self.target.process).remote(), "drafter": drafter}
+        drafter_actor = self.drafter_actor
+        drafter = None if drafter_actor is None else await control(drafter_actor.process).remote()
+        return {"target": await control(self.target_actor.process).remote(), "drafter": drafter}
 
     async def metrics(self) -> dict:
         """Running totals of the metrics this replica exported (Prometheus has the rest)."""
@@ -166,7 +170,7 @@ class Server:
         except wire.ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
         stops = None if not job.stops else StopStrings(job.stops, self._decode)
-        job.runs = [Progress(prompt_ids, replace(params, seed=params.seed + i), stops)
+        job.runs = [RoundProgram(prompt_ids, replace(params, seed=params.seed + i), stops)
                     for i in range(req.n)]
         if req.stream:
             # The slots are freed by the stream's end, or by the background task when a client
@@ -443,7 +447,7 @@ def logprobs_of(req, chat: bool) -> int | None:
 
 
 class Job:
-    """One HTTP request: its n choices (``runs``, one ``Progress`` each) and their request ids."""
+    """One HTTP request: its n choices (``runs``, one ``RoundProgram`` each) and their ids."""
 
     def __init__(self, rid: str, chat: bool, req, t0: float):
         self.rid, self.chat, self.req, self.t0 = rid, chat, req, t0
@@ -451,7 +455,7 @@ class Job:
         self.stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         opts = req.stream_options
         self.include_usage = bool(opts is not None and opts.include_usage)
-        self.runs: list[Progress] = []
+        self.runs: list[RoundProgram] = []
         self.started = False  # whether the first token came
         self.finished = False
 

@@ -6,10 +6,11 @@ one default: g and M are the authors', B is 0 (strict) so that ASD is opt-in per
 
 What this module is: the acceptance rule, as a slow readable specification
 (``asd_accept_reference``), as the O(K) vectorised version the engine uses (``asd_accept``), and
-as a ``Verifier`` (``AsdVerifier``, which is its ``AsdConfig`` plus the rule). What it is not: no ledger storage -- the caller keeps the
-regret ``spent`` by each request and adds each round's ``Verdict.regret`` to it -- and no sampling.
+as a ``Verifier`` (``AsdVerifier``: its ``AsdConfig`` plus the rule), whose per-request state is the ledger (``AsdLedger``: the
+regret ``s`` spent so far; ``verify`` adds each round's ``Verdict.regret`` to it). What it is
+not: no storage of the ledger (the caller keeps the state with the request), no sampling.
 
-The rule, for one round (terms as in ``verify.py``; ``z_i`` is row i of the raw target logits):
+The rule, for one round (terms as in ``verdict.py``; ``z_i`` is row i of the raw target logits):
 
 * regret    r_i = max(0, z_i(y*_i) - z_i(x_i))    (0 for matches)
 * mismatch  m_i = [x_i != y*_i]
@@ -34,10 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.algorithms.verify import Verdict, check_round, commit
+from specdec.algorithms.verdict import Verdict, VerifyInputs, check_round, commit
 from specdec.knobs import Knobs, knob
 
-__all__ = ["AsdConfig", "AsdVerifier", "asd_accept", "asd_accept_reference"]
+__all__ = ["AsdConfig", "AsdLedger", "AsdVerifier", "asd_accept", "asd_accept_reference"]
 
 
 def _check_params(budget: float, gate: float, max_exceptions: int) -> None:
@@ -168,6 +169,13 @@ def asd_accept(
     )
 
 
+@dataclass
+class AsdLedger:
+    """One request's ASD state: the regret s spent over its rounds so far."""
+
+    spent: float = 0.0
+
+
 @dataclass(frozen=True)
 class AsdConfig(Knobs):
     """ASD's knobs. B = 0 is strict greedy; the authors' config is B = 8.0, g = 0.25, M = 2."""
@@ -188,15 +196,12 @@ class AsdVerifier(AsdConfig):
         """True iff the settings reduce ASD to strict greedy."""
         return self.budget == 0 or self.gate == 0 or self.max_exceptions == 0
 
-    def verify(
-        self,
-        logits: torch.Tensor,
-        draft: torch.Tensor,
-        *,
-        spent: float = 0.0,
-        draft_probs: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Verdict:
+    def new_state(self) -> AsdLedger:
+        return AsdLedger()
+
+    def verify(self, state: AsdLedger, inputs: VerifyInputs) -> Verdict:
+        """One round under the request's ledger ``state``; the round's regret is added to it."""
+        logits, draft, spent = inputs.logits, inputs.draft, state.spent
         _check_spent(spent)
         check_round(logits, draft)
         greedy = logits.argmax(dim=-1)  # [K+1] y*_0 .. y*_K
@@ -211,4 +216,5 @@ class AsdVerifier(AsdConfig):
             normalized=self.normalized,
         )
         tokens = commit(draft, accepted, int(greedy[accepted]))
+        state.spent += regret
         return Verdict(accepted=accepted, tokens=tokens, regret=regret, exceptions=exceptions)

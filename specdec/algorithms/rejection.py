@@ -6,12 +6,14 @@ sampling from the target at temperature T, whatever the drafter proposes.
 
 What this module is: ``RejectionSampler``, a ``Verifier`` for sampled decoding. What it is not:
 no drafting (the drafter supplies its proposal distribution ``draft_probs``), no greedy rule (see
-``verify.py`` and ``asd.py``). With top-k / top-p / min-p (``sampling.warp``) the target side is
-the warped target and the drafter proposes from its own warped distribution; the argument is
-unchanged (it holds for any p and any q that gives each drafted token mass > 0), so the
-committed tokens are distributed exactly as sampling from the warped target.
+``verify.py`` and ``asd.py``), no state across rounds (``new_state`` is None; the request's
+random stream comes in ``VerifyInputs.generator``). With top-k / top-p / min-p
+(``sampling.warp``) the target side is the warped target and the drafter proposes from its own
+warped distribution; the argument is unchanged (it holds for any p and any q that gives each
+drafted token mass > 0), so the committed tokens are distributed exactly as sampling from the
+warped target.
 
-Terms, defined once (shapes as in ``verify.py``):
+Terms, defined once (shapes as in ``verdict.py``):
 
 * ``p_i = warp(z_i)`` [V] -- the target distribution at position i (row i of the logits):
   softmax(z_i / T), truncated by top-k / top-p / min-p when those are set.
@@ -32,7 +34,7 @@ from typing import ClassVar
 import torch
 
 from specdec.algorithms.sampling import Warp, warp
-from specdec.algorithms.verify import Verdict, check_round, commit
+from specdec.algorithms.verdict import Verdict, VerifyInputs, check_round, commit
 
 __all__ = ["RejectionSampler"]
 
@@ -106,20 +108,16 @@ class RejectionSampler:
     def warp(self) -> Warp:
         return Warp(self.temperature, self.top_k, self.top_p, self.min_p)
 
-    def verify(
-        self,
-        logits: torch.Tensor,
-        draft: torch.Tensor,
-        *,
-        spent: float = 0.0,
-        draft_probs: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Verdict:
+    def new_state(self) -> None:
+        return None
+
+    def verify(self, state: None, inputs: VerifyInputs) -> Verdict:
+        logits, draft, generator = inputs.logits, inputs.draft, inputs.generator
         k = check_round(logits, draft)
         p = warp(logits, self.warp)  # [K+1, V]
         if k == 0:  # a plain sampling step: only the bonus
             return Verdict(accepted=0, tokens=[_sample(p[0], generator)])
-        q = _check_draft_probs(draft_probs, k, p.shape[1]).to(p)  # [K, V]
+        q = _check_draft_probs(inputs.draft_probs, k, p.shape[1]).to(p)  # [K, V]
         accepted = _accept_prefix(p[:k], q, draft, generator)
         if accepted == k:
             last = _sample(p[k], generator)  # bonus token

@@ -1,9 +1,10 @@
 """The two sides of a speculative round, each holding its requests' state by request id.
 
-``TargetWorker`` owns the target model, every request's KV cache and ASD ledger, and runs
-verification next to the logits. ``DraftWorker`` owns the drafter, the PACER pre-verifier and
-every request's drafter state. Both are batch-first: a call may carry many requests (dicts keyed
-by request id) and runs one model forward for all of them; one request is a batch of one. Only
+``TargetWorker`` owns the target model, every request's KV cache and verifier state (ASD's
+ledger), and runs verification next to the logits. ``DraftWorker`` owns the drafter, the PACER
+pre-verifier and every request's drafter state. Both are batch-first: a call may carry many
+requests (dicts keyed by request id) and runs one model forward for all of them; one request is
+a batch of one. Only
 token ids, a few stats and a few feature rows cross between them, never full logits, so in
 serving each is a Ray actor (``actors/`` wraps these classes) and in the single-process engine
 they are local objects running the same code.
@@ -25,7 +26,7 @@ import torch
 
 from specdec.algorithms.policies import POLICIES, DraftPolicy, make_policy
 from specdec.algorithms.sampling import Sampling
-from specdec.algorithms.verify import Verifier, make_verifier
+from specdec.algorithms.verify import Verifier, VerifyInputs, make_verifier
 from specdec.engine.logprobs import TokenLogprobs, score
 from specdec.engine.settings import GenerationParams
 from specdec.models.drafter import DraftBlock, Drafter
@@ -61,6 +62,7 @@ class RoundResult:
 class TargetRequest:
     state: TargetState
     verifier: Verifier
+    verifier_state: Any  # what the verifier keeps across rounds (ASD: the regret ledger)
     generator: torch.Generator
     pending: int  # last verified token, not yet in the cache (see ``primed``)
     # While the prompt is prefilled (possibly in chunks over several steps): the prompt, the
@@ -71,7 +73,6 @@ class TargetRequest:
     # Until the first round: the prefill's outputs at the pending token, which it did cache
     # (logits [1, V], taps [1, F] or None).
     primed: tuple[torch.Tensor, torch.Tensor | None] | None = None
-    spent: float = 0.0  # ASD ledger: regret spent so far
     logprobs: int | None = None  # top alternatives to report per token; None: no logprobs
 
 
@@ -106,8 +107,8 @@ class TargetWorker:
     the whole-prompt and verify-only steps the single-process engine uses; a serving scheduler
     (``actors.scheduler``) calls ``admit`` and ``step`` directly."""
 
-    def __init__(self, target: TargetModel, features: bool):
-        self.target = target
+    def __init__(self, target_model: TargetModel, features: bool):
+        self.target_model = target_model
         self.features = features  # whether the drafter needs tapped features
         self.requests: dict[str, TargetRequest] = {}
 
@@ -145,17 +146,18 @@ class TargetWorker:
         prompt is then prefilled by ``step`` calls, whole or in chunks."""
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already open")
-        state = self.target.new_state()
+        state = self.target_model.new_state()
         try:
             spec = req.params.spec
             name, config, extra = spec.verifier(req.params.temperature,
                                                 **req.params.warp_params())
             verifier = make_verifier(name, config, **extra)
         except Exception:
-            self.target.release(state)
+            self.target_model.release(state)
             raise
         _, target_gen = generators(req.params.seed)
-        self.requests[rid] = TargetRequest(state, verifier, target_gen, pending=req.prompt_ids[-1],
+        self.requests[rid] = TargetRequest(state, verifier, verifier.new_state(), target_gen,
+                                           pending=req.prompt_ids[-1],
                                            prompt=list(req.prompt_ids),
                                            logprobs=req.params.logprobs)
 
@@ -181,12 +183,12 @@ class TargetWorker:
             feeds[rid] = (ids, False)
         for rid in list(feeds):  # a request that cannot extend fails alone, before the forward
             try:
-                self.target.check(self.requests[rid].state, feeds[rid][0])
+                self.target_model.check(self.requests[rid].state, feeds[rid][0])
             except ValueError as e:
                 del feeds[rid]
                 self._fail(out, rid, e)
         t0 = time.perf_counter()
-        outs = self.target.forward_batch(
+        outs = self.target_model.forward_batch(
             [self.requests[rid].state for rid in feeds], [ids for ids, _ in feeds.values()],
             taps=self.features, last_logits_only=[last for _, last in feeds.values()],
         ) if feeds else []
@@ -243,12 +245,10 @@ class TargetWorker:
         start = req.state.length - len(draft.tokens) - 1  # where the pending token sits
         # K+1 rows of logits are small next to a forward pass: verify on the CPU, where the
         # request's generator lives, whatever device the target runs on.
-        verdict = req.verifier.verify(
-            logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long), spent=req.spent,
-            draft_probs=draft.probs, generator=req.generator,
-        )
-        req.spent += verdict.regret
-        self.target.crop(req.state, start + 1 + verdict.accepted)
+        inputs = VerifyInputs(logits.cpu(), torch.tensor(draft.tokens, dtype=torch.long),
+                              draft.probs, req.generator)
+        verdict = req.verifier.verify(req.verifier_state, inputs)
+        self.target_model.crop(req.state, start + 1 + verdict.accepted)
         req.pending = verdict.tokens[-1]
         features = None if taps is None else taps[: verdict.accepted + 1].cpu()
         logprobs = None if req.logprobs is None else score(logits.cpu(), verdict.tokens, req.logprobs)
@@ -259,12 +259,12 @@ class TargetWorker:
         """Draft tokens the context still has room for in the next round."""
         req = self.requests[rid]
         verified = req.state.length + (req.primed is None)  # the pending token included
-        return self.target.max_length - verified
+        return self.target_model.max_length - verified
 
     def close(self, rid: str) -> None:
         req = self.requests.pop(rid, None)
         if req is not None:
-            self.target.release(req.state)
+            self.target_model.release(req.state)
 
 
 @dataclass
@@ -279,19 +279,33 @@ class DraftRequest:
 class DraftWorker:
     """``draft_batch`` and ``commit_batch`` take dicts keyed by request id; drafters with the
     optional ``prepare`` / ``commit_batch`` (block, hybrid) batch their forwards across the
-    requests, the others (n-gram, suffix, AR) run per request. ``draft`` / ``commit`` are the
-    batch of one."""
+    requests, the others (n-gram, suffix, AR) run per request. ``open`` takes dicts too;
+    ``draft`` / ``commit`` are the batch of one."""
 
-    def __init__(self, drafter: Drafter, preverifier: torch.nn.Module | None = None):
-        self.drafter = drafter
+    def __init__(self, draft_model: Drafter, preverifier: torch.nn.Module | None = None):
+        self.draft_model = draft_model
         self.preverifier = preverifier
         self.requests: dict[str, DraftRequest] = {}
 
-    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
+    def open(self, batch: dict[str, OpenRequest],
+             features: dict[str, torch.Tensor | None]) -> None:
+        """Start every request of ``batch`` on its prompt and the target's ``features`` of it
+        (what ``TargetWorker.open`` returned, keyed alike). All or nothing."""
+        opened = []
+        try:
+            for rid, req in batch.items():
+                self._open(rid, req.prompt_ids, features.get(rid), req.params)
+                opened.append(rid)
+        except Exception:
+            for rid in opened:
+                self.close(rid)
+            raise
+
+    def _open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already open")
         spec = params.spec
-        if getattr(self.drafter, "pacer_inside", False) and spec.policy != "fixed":
+        if getattr(self.draft_model, "pacer_inside", False) and spec.policy != "fixed":
             raise ValueError(f"policy {spec.policy} with the hybrid drafter: it runs PACER on "
                              "its block draft itself; use policy fixed (gamma caps the draft)")
         extra = {}
@@ -301,9 +315,9 @@ class DraftWorker:
         policy = make_policy(spec.policy, spec.policy_config, **extra)
         draft_gen, _ = generators(params.seed)
         # drafters that read per-request settings (suffix, hybrid) get them at start
-        settings = {"settings": spec} if getattr(self.drafter, "reads_settings", False) else {}
+        settings = {"settings": spec} if getattr(self.draft_model, "reads_settings", False) else {}
         self.requests[rid] = DraftRequest(
-            self.drafter.start(prompt_ids, features, **settings), policy, policy.new_state(),
+            self.draft_model.start(prompt_ids, features, **settings), policy, policy.new_state(),
             Sampling(params.temperature, draft_gen, **params.warp_params()), timers,
         )
 
@@ -337,8 +351,8 @@ class DraftWorker:
                 for rid, req in reqs.items()}
 
     def _cap(self, limit: int) -> int:
-        if self.drafter.max_draft_len is not None:
-            limit = min(limit, self.drafter.max_draft_len)
+        if self.draft_model.max_draft_len is not None:
+            limit = min(limit, self.draft_model.max_draft_len)
         if self.preverifier is not None:  # it cannot score positions it has no embedding for
             limit = min(limit, self.preverifier.c.max_positions)
         return max(0, limit)
@@ -346,7 +360,7 @@ class DraftWorker:
     def _prepare(self, batch: dict[str, tuple[DraftRequest, int]]) -> set[str]:
         """Hand the drafter's ``prepare`` (state, n) for every request whose policy will
         propose, n the size of its first ``propose``; returns those requests' ids."""
-        prepare = getattr(self.drafter, "prepare", None)
+        prepare = getattr(self.draft_model, "prepare", None)
         if prepare is None:
             return set()
         firsts = {rid: req.policy.first(limit, req.policy_state)
@@ -361,7 +375,7 @@ class DraftWorker:
         t0, req.timers["preverifier"] = time.perf_counter(), 0.0
 
         def propose(n: int) -> DraftBlock:
-            return self.drafter.propose(req.state, n, req.sampling)
+            return self.draft_model.propose(req.state, n, req.sampling)
 
         blocks = [b for b in req.policy.draft(propose, limit, req.policy_state) if len(b)]
         tokens = [int(t) for b in blocks for t in b.tokens]
@@ -381,17 +395,17 @@ class DraftWorker:
         reqs = {rid: self.requests[rid] for rid in commits}
         items = [(reqs[rid].state, result.tokens, result.features)
                  for rid, (result, _) in commits.items()]
-        batch = getattr(self.drafter, "commit_batch", None)
+        batch = getattr(self.draft_model, "commit_batch", None)
         if batch is not None:
             batch(items)
         else:
             for item in items:
-                self.drafter.commit(*item)
+                self.draft_model.commit(*item)
         for rid, (result, drafted) in commits.items():
             reqs[rid].policy.update(reqs[rid].policy_state, drafted, result.accepted)
 
     def close(self, rid: str) -> None:
         req = self.requests.pop(rid, None)
-        finish = getattr(self.drafter, "finish", None)  # e.g. the suffix drafter's global tree
+        finish = getattr(self.draft_model, "finish", None)  # e.g. the suffix drafter's global tree
         if req is not None and finish is not None:
             finish(req.state)

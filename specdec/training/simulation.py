@@ -1,9 +1,11 @@
 """Simulated speculative decoding that records every drafted token (PACER's training data).
 
-The same round as ``specdec.engine.workers`` (cache invariant: the target caches S[:-1], the last
-verified token is pending; one pass over [pending, x_0..x_{K-1}] gives logits z_0..z_K), but it
-drafts the drafter's full window every round (so that every position gets labels) and keeps, per
-drafted token x_i:
+It drives the round program (``specdec.engine.rounds.RoundProgram``: limits, EOS and budget,
+finishing) with its own answers: direct model calls under the same cache invariant as
+``specdec.engine.workers`` (the target caches S[:-1], the last verified token is pending; one
+pass over [pending, x_0..x_{K-1}] gives logits z_0..z_K). It drafts the drafter's full window
+every round (the program's draft cap is the window, so that every position gets labels) and
+keeps, per drafted token x_i, from its own verify answers:
 
 - the drafter's hidden state (the pre-verifier's input) and the token's position i in the draft,
 - the PACER block index i // b,
@@ -20,7 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from specdec.algorithms.sampling import Sampling
-from specdec.algorithms.verify import Verifier
+from specdec.algorithms.verify import Verifier, VerifyInputs
+from specdec.engine import rounds
+from specdec.engine.settings import GenerationParams
+from specdec.engine.workers import Draft, RoundResult
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
 
@@ -49,31 +54,73 @@ def round_records(step: int, draft, logits: torch.Tensor, accepted: int,
                         float(regret[i]), int(i < accepted), hidden[i]) for i in range(k)]
 
 
-def simulate_request(target: TargetModel, drafter: Drafter, verifier: Verifier,
+class _Simulator:
+    """Answers the round program's steps with direct model calls, and keeps every round's
+    records. It sees the target's logits and the drafter's hidden states, which the served
+    workers never hand out; its context room is one token more conservative than the
+    ``TargetWorker``'s (as this simulation always was)."""
+
+    def __init__(self, target_model: TargetModel, draft_model: Drafter, verifier: Verifier,
+                 draft_len: int, pacer_block: int):
+        self.target_model, self.draft_model = target_model, draft_model
+        self.verifier = verifier
+        self.draft_len, self.pacer_block = draft_len, pacer_block
+        self.greedy = Sampling(0.0, torch.Generator().manual_seed(0))
+        self.taps = draft_model.needs_target_features
+        self.records: list[TokenRecord] = []
+        self.round_index = 0
+
+    def answer(self, step: rounds.Step):
+        match step:
+            case rounds.Open(prompt_ids):
+                return self.open(prompt_ids)
+            case rounds.Propose(limit):
+                self.block = self.draft_model.propose(self.dstate, max(0, limit), self.greedy)
+                return Draft(self.block.tokens.tolist(), None)
+            case rounds.Verify():
+                return self.verify(self.block)
+            case rounds.Commit(result):
+                self.draft_model.commit(self.dstate, result.tokens, result.features)
+        return None  # Emit
+
+    def open(self, prompt_ids: list[int]) -> rounds.Opened:
+        """Cache the prompt but its last token (pending); the drafter starts on the prompt."""
+        self.state = self.target_model.new_state()
+        features = self.target_model.forward(self.state, prompt_ids[:-1], taps=self.taps,
+                                       last_logits_only=True).taps
+        self.dstate = self.draft_model.start(list(prompt_ids), features)
+        self.vstate, self.pending = self.verifier.new_state(), prompt_ids[-1]
+        return rounds.Opened(self.room(), draft_cap=self.draft_len)  # full-window drafts
+
+    def verify(self, block) -> rounds.Verified:
+        """One pass over [pending, *draft]: logits z_0..z_K; verify, record, crop."""
+        start = self.state.length
+        ids = [self.pending, *block.tokens.tolist()]
+        out = self.target_model.forward(self.state, ids, taps=self.taps)
+        verdict = self.verifier.verify(self.vstate, VerifyInputs(out.logits, block.tokens))
+        self.records += round_records(self.round_index, block, out.logits, verdict.accepted,
+                                      self.pacer_block)
+        self.target_model.crop(self.state, start + 1 + verdict.accepted)
+        self.pending, self.round_index = verdict.tokens[-1], self.round_index + 1
+        features = None if out.taps is None else out.taps[: verdict.accepted + 1]
+        result = RoundResult(verdict.tokens, verdict.accepted, verdict.regret, verdict.exceptions,
+                             features)
+        return rounds.Verified(result, self.room(), draft_cap=self.draft_len)
+
+    def room(self) -> int:
+        return self.target_model.max_length - self.state.length - 2
+
+
+def simulate_request(target_model: TargetModel, draft_model: Drafter, verifier: Verifier,
                      prompt_ids: list[int], max_new_tokens: int, draft_len: int,
                      pacer_block: int = 4) -> list[TokenRecord]:
     """Greedy SD over one prompt; every round drafts ``draft_len`` tokens (fewer near the end)."""
     if len(prompt_ids) < 2:
         raise ValueError("simulation needs a prompt of at least 2 tokens")
-    greedy = Sampling(0.0, torch.Generator().manual_seed(0))
-    state = target.new_state()
-    taps = drafter.needs_target_features
-    features = target.forward(state, prompt_ids[:-1], taps=taps, last_logits_only=True).taps
-    dstate = drafter.start(list(prompt_ids), features)
-    pending, produced, spent, records, step = prompt_ids[-1], 0, 0.0, [], 0
-    eos = target.eos_token_ids
-    while produced < max_new_tokens:
-        room = min(draft_len, max_new_tokens - produced - 1, target.max_length - state.length - 2)
-        draft = drafter.propose(dstate, max(0, room), greedy)
-        start = state.length
-        out = target.forward(state, [pending, *draft.tokens.tolist()], taps=taps)
-        verdict = verifier.verify(out.logits, draft.tokens, spent=spent)
-        spent += verdict.regret
-        records += round_records(step, draft, out.logits, verdict.accepted, pacer_block)
-        target.crop(state, start + 1 + verdict.accepted)
-        pending, produced, step = verdict.tokens[-1], produced + len(verdict.tokens), step + 1
-        if eos & set(verdict.tokens) or room < 1:
-            break
-        feats = None if out.taps is None else out.taps[: verdict.accepted + 1]
-        drafter.commit(dstate, verdict.tokens, feats)
-    return records
+    sim = _Simulator(target_model, draft_model, verifier, draft_len, pacer_block)
+    program = rounds.RoundProgram(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens))
+    steps = program.steps(target_model.eos_token_ids)
+    step = next(steps)
+    while not isinstance(step, rounds.Finish):
+        step = steps.send(sim.answer(step))
+    return sim.records

@@ -4,36 +4,45 @@ from __future__ import annotations
 
 import pytest
 
-from actors.drafter import Commit, DrafterActor
+from actors.drafter import DrafterActor
 from actors.leases import Leases
 from actors.target import TargetActor
-from specdec.engine.engine import Engine, Progress
+from specdec.engine import rounds
+from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft
 
 
-def run_rounds(target: TargetActor, drafter: DrafterActor, prompt_ids, params, rid: str = "r1",
-               steps: list | None = None) -> list[int]:
-    """The orchestrator's loop, synchronously: open, then draft -> verify -> settle (with the
-    load-aware draft cap the target sends); the target steps it ran in go to ``steps``."""
-    progress = Progress(prompt_ids, params)
-    opened = target.open(rid, prompt_ids, params)
-    drafter.open(rid, prompt_ids, opened.features, params)
-    room, cap, commit = opened.room, opened.draft_cap, None
+def run_rounds(target_actor: TargetActor, drafter_actor: DrafterActor, prompt_ids, params,
+               rid: str = "r1", steps: list | None = None) -> list[int]:
+    """The orchestrator's driving of the round program, synchronously: open, then draft (with
+    the previous round's commit) -> verify, with the load-aware draft cap the target sends;
+    the target steps it ran in go to ``steps``."""
+    program = rounds.RoundProgram(prompt_ids, params)
+    machine = program.steps(target_actor.info().eos_token_ids)
+    step, commit = next(machine), None
     try:
-        while progress.finish_reason is None:
-            limit = progress.limit(room) if cap is None else min(progress.limit(room), cap)
-            draft = drafter.draft(rid, limit, commit)
-            verified = target.verify(rid, draft)
-            progress.settle(draft, verified.result, room, target.info().eos_token_ids)
-            commit, room, cap = Commit(verified.result, len(draft.tokens)), verified.room, verified.draft_cap
-            if steps is not None:
-                steps.append(verified.step)
+        while not isinstance(step, rounds.Finish):
+            answer = None
+            if isinstance(step, rounds.Open):
+                opened = target_actor.open(rid, prompt_ids, params)
+                drafter_actor.open(rid, prompt_ids, opened.features, params)
+                answer = rounds.Opened(opened.room, draft_cap=opened.draft_cap)
+            elif isinstance(step, rounds.Propose):
+                answer, commit = drafter_actor.draft(rid, step.limit, commit), None
+            elif isinstance(step, rounds.Verify):
+                verified = target_actor.verify(rid, step.draft)
+                answer = rounds.Verified(verified.result, verified.room, verified.draft_cap)
+                if steps is not None:
+                    steps.append(verified.step)
+            elif isinstance(step, rounds.Commit):
+                commit = step  # sent with the next draft
+            step = machine.send(answer)
     finally:
-        target.close(rid)
-        drafter.close(rid)
-    return progress.token_ids
+        target_actor.close(rid)
+        drafter_actor.close(rid)
+    return program.token_ids
 
 
 @pytest.mark.parametrize("drafter_name", ["ngram", "block-drafter", "drafter"])
@@ -87,8 +96,8 @@ def test_a_restarted_suffix_drafter_starts_from_the_offline_index(tiny_llama, tm
     suffix = {"index": str(index.save(tmp_path / "index")), "online": True}
     args = ("suffix", tiny_llama["target"], None, "float64", 1, 600.0, "cpu", suffix)
     target, drafter = TargetActor(tiny_llama["target"], "suffix", "float64"), DrafterActor(*args)
-    assert drafter.worker.drafter.cached_responses == 2
+    assert drafter.worker.draft_model.cached_responses == 2
     ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
     run_rounds(target, drafter, ids, GenerationParams(max_new_tokens=12))
-    assert drafter.worker.drafter.cached_responses == 3  # the served output joined online
-    assert DrafterActor(*args).worker.drafter.cached_responses == 2  # the restart
+    assert drafter.worker.draft_model.cached_responses == 3  # the served output joined online
+    assert DrafterActor(*args).worker.draft_model.cached_responses == 2  # the restart

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.algorithms.asd import AsdVerifier, asd_accept, asd_accept_reference
-from specdec.algorithms.verify import StrictVerifier, Verdict
+from specdec.algorithms.asd import AsdLedger, AsdVerifier, asd_accept, asd_accept_reference
+from specdec.algorithms.verify import StrictVerifier, Verdict, VerifyInputs
 
 SETTINGS = settings(max_examples=200, deadline=None)
 
@@ -69,7 +69,7 @@ params = st.fixed_dictionaries(
 
 
 def strict_accepted(logits: torch.Tensor, draft: torch.Tensor) -> int:
-    return StrictVerifier().verify(logits, draft).accepted
+    return StrictVerifier().verify(None, VerifyInputs(logits, draft)).accepted
 
 
 @SETTINGS
@@ -130,7 +130,7 @@ def test_larger_budget_never_commits_fewer_tokens(round_, kw, other_budget):
 def test_verifier_commits_accepted_prefix_then_greedy_bonus(round_, kw):
     logits, draft = round_
     spent = kw.pop("spent")
-    verdict = AsdVerifier(**kw).verify(logits, draft, spent=spent)
+    verdict = AsdVerifier(**kw).verify(AsdLedger(spent), VerifyInputs(logits, draft))
     accepted, regret, exceptions = asd_accept(logits, draft, spent=spent, **kw)
     assert (verdict.accepted, verdict.regret, verdict.exceptions) == (accepted, regret, exceptions)
     assert verdict.tokens[:-1] == draft[:accepted].tolist()
@@ -145,8 +145,8 @@ def test_zero_budget_gate_or_cap_is_strict_greedy_ties_included(round_, kw, zero
     kw[zeroed] = 0
     verifier = AsdVerifier(**kw)
     assert verifier.lossless
-    strict = StrictVerifier().verify(logits, draft)
-    assert verifier.verify(logits, draft, spent=spent) == strict
+    strict = StrictVerifier().verify(None, VerifyInputs(logits, draft))
+    assert verifier.verify(AsdLedger(spent), VerifyInputs(logits, draft)) == strict
     assert asd_accept_reference(logits, draft, spent=spent, **kw) == (strict.accepted, 0.0, 0)
 
 
@@ -175,13 +175,14 @@ def near_tie_round() -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_near_tie_mismatch_is_accepted_and_the_suffix_reused():
     logits, draft = near_tie_round()
-    verdict = AsdVerifier(budget=8.0, gate=0.25, max_exceptions=2).verify(logits, draft)
+    verdict = AsdVerifier(budget=8.0, gate=0.25, max_exceptions=2).verify(AsdLedger(),
+                                                                        VerifyInputs(logits, draft))
     assert verdict.accepted == 4
     assert verdict.tokens == [0, 3, 1, 3, 2]
     assert verdict.exceptions == 1
     assert verdict.regret == pytest.approx(0.1, abs=1e-12)
     # Strict stops at the mismatch and commits the greedy correction.
-    assert StrictVerifier().verify(logits, draft) == Verdict(accepted=1, tokens=[0, 2])
+    assert StrictVerifier().verify(None, VerifyInputs(logits, draft)) == Verdict(accepted=1, tokens=[0, 2])
 
 
 def test_near_tie_rejected_when_the_ledger_is_nearly_spent():
@@ -219,7 +220,8 @@ def test_exception_cap_stops_at_the_next_mismatch():
 
 def test_empty_draft_commits_only_the_bonus():
     logits = torch.tensor([[0.0, 3.0, 1.0]])
-    verdict = AsdVerifier().verify(logits, torch.tensor([], dtype=torch.long), spent=1.0)
+    verdict = AsdVerifier().verify(AsdLedger(1.0),
+                                   VerifyInputs(logits, torch.tensor([], dtype=torch.long)))
     assert verdict == Verdict(accepted=0, tokens=[1])
 
 
@@ -253,6 +255,23 @@ def test_bad_parameters_raise(kw, message):
 def test_negative_spent_raises():
     logits, draft = near_tie_round()
     with pytest.raises(ValueError, match="spent"):
-        AsdVerifier().verify(logits, draft, spent=-1.0)
+        AsdVerifier().verify(AsdLedger(-1.0), VerifyInputs(logits, draft))
     with pytest.raises(ValueError, match="spent"):
         asd_accept(logits, draft, budget=8.0, gate=0.25, max_exceptions=2, spent=-1.0)
+
+
+def test_the_ledger_in_the_verifier_state_carries_across_rounds():
+    """The state ``new_state()`` makes is the ledger a caller used to keep: round after round
+    the verdicts equal ``asd_accept`` with ``spent`` summed by hand, and so does the ledger."""
+    gen = torch.Generator().manual_seed(3)
+    verifier = AsdVerifier(budget=2.0, gate=1.0, max_exceptions=2)
+    state, spent = verifier.new_state(), 0.0
+    for _ in range(40):
+        logits = torch.randn(5, 6, generator=gen, dtype=torch.float64)
+        draft = torch.randint(0, 6, (4,), generator=gen)
+        verdict = verifier.verify(state, VerifyInputs(logits, draft))
+        expected = asd_accept(logits, draft, budget=2.0, gate=1.0, max_exceptions=2, spent=spent)
+        assert (verdict.accepted, verdict.regret, verdict.exceptions) == expected
+        spent += verdict.regret
+        assert state.spent == spent <= 2.0
+    assert spent > 0  # some near-ties were accepted

@@ -16,7 +16,7 @@ import torch
 
 from specdec.algorithms import rejection
 from specdec.algorithms.rejection import RejectionSampler, _residual
-from specdec.algorithms.verify import Verdict, commit
+from specdec.algorithms.verify import Verdict, VerifyInputs, commit
 
 V = 4
 K = 3
@@ -78,7 +78,7 @@ def first_two_tokens(
     while len(committed) < 2:
         j = len(committed)
         verdict = verifier.verify(
-            TARGET[j : j + K + 1], drafts[j], draft_probs=proposal[j : j + K], generator=gen
+            None, VerifyInputs(TARGET[j : j + K + 1], drafts[j], proposal[j : j + K], gen)
         )
         committed += verdict.tokens
     return committed[0], committed[1]
@@ -118,7 +118,11 @@ def chi_square(verifier, proposal: torch.Tensor, trials: int = TRIALS, seed: int
 class AcceptEverything:
     """A deliberately wrong sampler: keeps every draft token, then samples a bonus from p_K."""
 
-    def verify(self, logits, draft, *, spent=0.0, draft_probs=None, generator=None) -> Verdict:
+    def new_state(self):
+        return None
+
+    def verify(self, state, inputs: VerifyInputs) -> Verdict:
+        logits, draft, generator = inputs.logits, inputs.draft, inputs.generator
         p_last = torch.softmax(logits[-1] / T, dim=-1)
         bonus = int(torch.multinomial(p_last, 1, generator=generator))
         return Verdict(accepted=draft.shape[0], tokens=commit(draft, draft.shape[0], bonus))
@@ -158,9 +162,7 @@ def test_one_hot_draft_rejected_when_the_target_forbids_it():
     q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
-        verdict = RejectionSampler(1.0).verify(
-            logits, torch.tensor([1]), draft_probs=q, generator=gen
-        )
+        verdict = RejectionSampler(1.0).verify(None, VerifyInputs(logits, torch.tensor([1]), q, gen))
         assert verdict.accepted == 0
         assert verdict.tokens[0] != 1  # recovered from max(0, p - q), which excludes token 1
 
@@ -170,7 +172,7 @@ def test_one_hot_draft_accepted_when_the_target_is_certain():
     logits[0, 2] = logits[1, 0] = logits[2, 3] = 0.0  # p_i is (numerically) one-hot
     q = torch.nn.functional.one_hot(torch.tensor([2, 0]), V).double()
     verdict = RejectionSampler(1.0).verify(
-        logits, torch.tensor([2, 0]), draft_probs=q, generator=torch.Generator().manual_seed(0)
+        None, VerifyInputs(logits, torch.tensor([2, 0]), q, torch.Generator().manual_seed(0))
     )
     assert verdict == Verdict(accepted=2, tokens=[2, 0, 3])
 
@@ -180,9 +182,7 @@ def test_same_seed_same_output():
         gen = torch.Generator().manual_seed(seed)
         sampler = RejectionSampler(temperature=T)
         return [
-            sampler.verify(
-                TARGET[:4], torch.tensor([1, 0, 2]), draft_probs=PROPOSAL[:3], generator=gen
-            )
+            sampler.verify(None, VerifyInputs(TARGET[:4], torch.tensor([1, 0, 2]), PROPOSAL[:3], gen))
             for _ in range(50)
         ]
 
@@ -191,21 +191,21 @@ def test_same_seed_same_output():
 
 
 def test_empty_draft_samples_from_the_target_without_draft_probs():
-    verdict = RejectionSampler(1.0).verify(
+    verdict = RejectionSampler(1.0).verify(None, VerifyInputs(
         TARGET[:1], torch.tensor([], dtype=torch.long), generator=torch.Generator().manual_seed(0)
-    )
+    ))
     assert verdict.accepted == 0 and 0 <= verdict.tokens[0] < V
 
 
 def test_missing_or_misshapen_draft_probs_raise():
     sampler = RejectionSampler(1.0)
     with pytest.raises(ValueError, match="draft_probs"):
-        sampler.verify(TARGET[:3], torch.tensor([0, 1]))
+        sampler.verify(None, VerifyInputs(TARGET[:3], torch.tensor([0, 1])))
     with pytest.raises(ValueError, match="draft_probs must be"):
-        sampler.verify(TARGET[:3], torch.tensor([0, 1]), draft_probs=PROPOSAL[:3])
+        sampler.verify(None, VerifyInputs(TARGET[:3], torch.tensor([0, 1]), PROPOSAL[:3]))
     zero = torch.tensor([[0.0, 1.0, 0.0, 0.0]])
     with pytest.raises(ValueError, match="probability 0"):
-        sampler.verify(TARGET[:2], torch.tensor([0]), draft_probs=zero)
+        sampler.verify(None, VerifyInputs(TARGET[:2], torch.tensor([0]), zero))
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0, math.nan, math.inf])

@@ -11,6 +11,7 @@ from specdec.algorithms.verify import (
     StrictVerifier,
     Verdict,
     Verifier,
+    VerifyInputs,
     make_verifier,
     verifier_names,
 )
@@ -27,7 +28,8 @@ def greedy_logits(best: list[int]) -> torch.Tensor:
 
 
 def strict(best: list[int], draft: list[int]) -> Verdict:
-    return StrictVerifier().verify(greedy_logits(best), torch.tensor(draft, dtype=torch.long))
+    return StrictVerifier().verify(None, VerifyInputs(greedy_logits(best),
+                                                  torch.tensor(draft, dtype=torch.long)))
 
 
 def test_full_accept_commits_k_plus_one_tokens():
@@ -55,8 +57,8 @@ def test_argmax_picks_the_first_maximum_on_ties(dtype):
     row = torch.tensor([0.0, 2.0, 1.0, 2.0, 2.0], dtype=dtype)
     assert int(row.argmax()) == 1
     logits = torch.stack([row, row])  # [2, V]: K = 1
-    assert StrictVerifier().verify(logits, torch.tensor([1])).tokens == [1, 1]
-    assert StrictVerifier().verify(logits, torch.tensor([3])) == Verdict(0, [1])
+    assert StrictVerifier().verify(None, VerifyInputs(logits, torch.tensor([1]))).tokens == [1, 1]
+    assert StrictVerifier().verify(None, VerifyInputs(logits, torch.tensor([3]))) == Verdict(0, [1])
 
 
 def test_strict_equals_plain_greedy_decoding_on_random_logits():
@@ -67,17 +69,17 @@ def test_strict_equals_plain_greedy_decoding_on_random_logits():
         draft = torch.where(
             torch.rand(6, generator=gen) < 0.7, greedy[:6], torch.randint(0, V, (6,), generator=gen)
         )
-        verdict = StrictVerifier().verify(logits, draft)
+        verdict = StrictVerifier().verify(None, VerifyInputs(logits, draft))
         assert verdict.tokens == greedy[: verdict.accepted + 1].tolist()
 
 
 def test_shape_errors():
     with pytest.raises(ValueError, match="K\\+1"):
-        StrictVerifier().verify(torch.zeros(3, V), torch.tensor([0]))
+        StrictVerifier().verify(None, VerifyInputs(torch.zeros(3, V), torch.tensor([0])))
     with pytest.raises(ValueError, match="integer"):
-        StrictVerifier().verify(torch.zeros(2, V), torch.tensor([0.0]))
+        StrictVerifier().verify(None, VerifyInputs(torch.zeros(2, V), torch.tensor([0.0])))
     with pytest.raises(ValueError, match="token ids"):
-        StrictVerifier().verify(torch.zeros(2, V), torch.tensor([V]))
+        StrictVerifier().verify(None, VerifyInputs(torch.zeros(2, V), torch.tensor([V])))
 
 
 def test_verdict_checks_its_token_count():

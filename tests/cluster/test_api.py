@@ -28,11 +28,12 @@ def test_health_and_models(served, client):
 def test_completion_equals_engine(client, engine, spec):
     out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40,
                                     extra_body={"speculative": spec})
-    ids = engine.target.target.tokenizer(PROMPT)["input_ids"]
+    ids = engine.target_worker.target_model.tokenizer(PROMPT)["input_ids"]
     expected = engine_tokens(engine, ids, 40, **spec)
     choice = out.choices[0]
     assert choice.model_extra["token_ids"] == expected
-    assert choice.text == engine.target.target.tokenizer.decode(expected, skip_special_tokens=True)
+    tokenizer = engine.target_worker.target_model.tokenizer
+    assert choice.text == tokenizer.decode(expected, skip_special_tokens=True)
     assert out.usage.prompt_tokens == len(ids) and out.usage.completion_tokens == len(expected)
     stats = out.model_extra["spec_decode"]
     assert stats["committed"] == len(expected) and stats["rounds"] >= 1
@@ -43,7 +44,7 @@ def test_completion_equals_engine(client, engine, spec):
 def test_chat_equals_engine(client, engine):
     messages = [{"role": "user", "content": "say hi"}]
     out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=30)
-    tok = engine.target.target.tokenizer
+    tok = engine.target_worker.target_model.tokenizer
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     expected = engine_tokens(engine, ids, 30)

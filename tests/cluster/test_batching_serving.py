@@ -46,7 +46,7 @@ def run_concurrently(client, prompts, max_tokens=40, stagger_s=0.02) -> dict[int
 def test_batched_requests_equal_the_engine_alone(served, client, engine):
     before = requests.get(f"{served}/debug/metrics", timeout=30).json()
     out = run_concurrently(client, PROMPTS)
-    tok = engine.target.target.tokenizer
+    tok = engine.target_worker.target_model.tokenizer
     for i, prompt in enumerate(PROMPTS):
         assert out[i] == engine_tokens(engine, tok(prompt)["input_ids"], 40, **SPEC), prompt
     after = requests.get(f"{served}/debug/metrics", timeout=30).json()
@@ -72,7 +72,7 @@ def test_two_replicas_serve_the_same_tokens_and_keep_no_state(served, tiny_root,
         assert len(seen) == 2, "one replica answered every probe"
         replicas = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         out = run_concurrently(replicas, PROMPTS, stagger_s=0.0)
-        tok = engine.target.target.tokenizer
+        tok = engine.target_worker.target_model.tokenizer
         for i, prompt in enumerate(PROMPTS):
             assert out[i] == engine_tokens(engine, tok(prompt)["input_ids"], 40, **SPEC), prompt
         deadline = time.monotonic() + 60

@@ -105,7 +105,7 @@ UNICODE = [
 
 @pytest.mark.parametrize("text", UNICODE)
 def test_unicode_prompts_round_trip_and_are_served(hostile_app, engine, text):
-    tokenizer = engine.target.target.tokenizer
+    tokenizer = engine.target_worker.target_model.tokenizer
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.decode(ids) == text
     for path, body in [("completions", {"prompt": text}),

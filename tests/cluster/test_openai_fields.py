@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": PROMPT}]
 
 
 def tokenizer(engine):
-    return engine.target.target.tokenizer
+    return engine.target_worker.target_model.tokenizer
 
 
 def decoder(engine):
@@ -264,7 +264,8 @@ def test_stream_options_without_stream_is_a_400(client):
 def test_max_tokens_defaults_to_the_context_left(client, engine):
     out = create(client, False)
     n = len(prompt_ids(engine, False))
-    left = min(engine.target.target.max_length - n, 500)  # the app's max_tokens cap is 500
+    # the app's max_tokens cap is 500
+    left = min(engine.target_worker.target_model.max_length - n, 500)
     assert out.usage.completion_tokens == left or out.choices[0].finish_reason == "stop"
     assert out.usage.completion_tokens > 128  # not the old fixed default
 

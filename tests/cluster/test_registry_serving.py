@@ -46,7 +46,7 @@ def test_served_registry_models_equal_the_engine(served, store, engine, client):
     with extra_app(served, "registry", args) as url:
         body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24}
         out = requests.post(f"{url}/v1/completions", json=body, timeout=120).json()
-    ids = engine.target.target.tokenizer(PROMPT)["input_ids"]
+    ids = engine.target_worker.target_model.tokenizer(PROMPT)["input_ids"]
     expected = engine.generate(ids, GenerationParams(24)).token_ids
     assert out["choices"][0]["token_ids"] == expected
     assert out["spec_decode"]["drafted"] > 0  # the registered block drafter did draft

@@ -17,7 +17,7 @@ N = 24
 
 @pytest.fixture(scope="module")
 def greedy(engine):
-    ids = engine.target.target.tokenizer(PROMPT)["input_ids"]
+    ids = engine.target_worker.target_model.tokenizer(PROMPT)["input_ids"]
     return engine.generate(ids, GenerationParams(N)).token_ids
 
 
@@ -30,7 +30,7 @@ def index_store(served, engine, greedy, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.create_experiment("suffix", artifact_location=str(root / "artifacts"))
-    vocab_size = engine.target.target.vocab_size
+    vocab_size = engine.target_worker.target_model.vocab_size
     index = SuffixIndex((tuple(greedy),), "tiny", vocab_size).save(root / "index")
     register_directory(mlflow.MlflowClient(), experiment, index, "tiny-suffix-index")
     return uri

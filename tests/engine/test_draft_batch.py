@@ -13,7 +13,7 @@ import torch
 
 from specdec.engine.loading import load_pair, untrained_preverifier
 from specdec.engine.settings import GenerationParams, SpecSettings
-from specdec.engine.workers import DraftWorker, RoundResult
+from specdec.engine.workers import DraftWorker, OpenRequest, RoundResult
 from specdec.models.hybrid import HybridState
 
 # context lengths differ (1 to 15 tokens); limits per round, 0 and 1 included. Bonus tokens are
@@ -34,7 +34,7 @@ def make_worker(tiny_llama, drafter: str, policy: str) -> DraftWorker:
 
 def width(worker: DraftWorker) -> int:
     """Feature width the drafter reads (0: none)."""
-    block = getattr(worker.drafter, "block", worker.drafter)
+    block = getattr(worker.draft_model, "block", worker.draft_model)
     config = getattr(block, "config", None)
     return len(config.tap_layers) * config.feature_size if hasattr(config, "tap_layers") else 0
 
@@ -44,7 +44,8 @@ def open_all(worker: DraftWorker, spec: SpecSettings, temperature: float) -> Non
     for i, (rid, prompt) in enumerate(PROMPTS.items()):
         features = torch.randn(len(prompt) - 1, width(worker), generator=gen, dtype=torch.float64)
         params = GenerationParams(temperature=temperature, seed=100 + i, spec=spec)
-        worker.open(rid, prompt, features if width(worker) else None, params)
+        worker.open({rid: OpenRequest(prompt, params)},
+                    {rid: features if width(worker) else None})
 
 
 def results(drafts: dict, n_features: int, gen: torch.Generator) -> dict:
@@ -101,7 +102,7 @@ def assert_same_request_state(one: DraftWorker, other: DraftWorker) -> None:
 
 def record_forwards(worker: DraftWorker) -> list[set[str]]:
     """Wrap the block drafter's forward; each call appends the set of request ids it ran for."""
-    block = getattr(worker.drafter, "block", worker.drafter)
+    block = getattr(worker.draft_model, "block", worker.draft_model)
     rids = {}  # the block drafter's state of each request -> its id
     for rid, req in worker.requests.items():
         rids[id(req.state.block if isinstance(req.state, HybridState) else req.state)] = rid
@@ -157,7 +158,7 @@ def test_lookup_drafters_run_through_draft_batch(tiny_llama, drafter, temperatur
     workers = [make_worker(tiny_llama, drafter, "fixed") for _ in range(2)]
     for worker in workers:
         open_all(worker, spec, temperature)
-    assert not hasattr(workers[0].drafter, "prepare")  # nothing to batch: lookups per request
+    assert not hasattr(workers[0].draft_model, "prepare")  # nothing to batch: lookups per request
     assert_same(run(workers[0], batched=True), run(workers[1], batched=False), temperature > 0)
     assert_same_request_state(workers[0], workers[1])
 

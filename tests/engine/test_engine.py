@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine.engine import Engine, truncate
+from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
+from specdec.engine.rounds import truncate
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.models.ngram import NgramDrafter
 from specdec.models.target import TargetModel
@@ -18,7 +19,7 @@ def engine(tiny_llama):
 
 
 def ids_of(engine, text="abc abc abc abc"):
-    return engine.target.target.tokenizer(text)["input_ids"]
+    return engine.target_worker.target_model.tokenizer(text)["input_ids"]
 
 
 def test_stream_yields_what_generate_returns(engine):
@@ -27,7 +28,7 @@ def test_stream_yields_what_generate_returns(engine):
     chunks = list(stream)
     assert all(chunks) and sum(chunks, []) == stream.token_ids
     assert stream.token_ids == engine.generate(ids, params).token_ids
-    assert engine.target.requests == {} and engine.drafter.requests == {}  # state freed
+    assert engine.target_worker.requests == {} and engine.draft_worker.requests == {}  # state freed
 
 
 def test_stats_are_consistent(engine):
@@ -93,7 +94,7 @@ def test_bad_prompts_and_pairs(engine, tiny_llama):
     with pytest.raises(ValueError, match="empty"):
         engine.generate([])
     with pytest.raises(ValueError, match="context"):
-        engine.generate([1] * engine.target.target.max_length)
+        engine.generate([1] * engine.target_worker.target_model.max_length)
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate([10**6])
     target = TargetModel.from_pretrained(tiny_llama["target"])
@@ -104,7 +105,7 @@ def test_bad_prompts_and_pairs(engine, tiny_llama):
 def test_pacer_without_a_preverifier_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="pre-verifier"):
         engine.generate(ids_of(engine), GenerationParams(spec=SpecSettings(policy="pacer")))
-    assert engine.target.requests == {}  # nothing leaked
+    assert engine.target_worker.requests == {}  # nothing leaked
 
 
 @pytest.mark.parametrize("drafter", ["drafter", "block-drafter", "self"])
@@ -136,7 +137,7 @@ def test_a_stop_token_ends_the_output_like_eos(engine):
 def test_a_stop_string_cuts_the_round_that_ran_past_it(engine):
     from specdec.engine.stops import StopStrings
 
-    tok = engine.target.target.tokenizer
+    tok = engine.target_worker.target_model.tokenizer
     ids = ids_of(engine)
 
     def decode(t):
@@ -161,7 +162,7 @@ def test_logprobs_are_the_targets_own_per_token(engine):
     assert out.token_ids == engine.generate(ids, GenerationParams(max_new_tokens=12)).token_ids
     lp = out.logprobs
     assert len(lp) == len(out.token_ids) and all(len(t) == 3 for t in lp.top_ids)
-    model = engine.target.target.model
+    model = engine.target_worker.target_model.model
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids + out.token_ids])).logits[0]
     ref = torch.log_softmax(logits[len(ids) - 1: -1].double(), dim=-1)  # row i predicts token i

@@ -32,7 +32,7 @@ def expected(tiny):
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_every_policy_with_strict_and_asd_b0_is_greedy(tiny, expected, drafter):
     engine = engine_for(tiny, drafter)
-    tok = engine.target.target.tokenizer
+    tok = engine.target_worker.target_model.tokenizer
     settings = [SpecSettings(policy=p, gamma=3, block_size=2, threshold=0.4, max_draft=8)
                 for p in POLICIES]
     settings += [SpecSettings(policy=p, verify="asd", asd_budget=0.0, asd_gate=0.5,
@@ -49,7 +49,7 @@ def test_every_policy_with_strict_and_asd_b0_is_greedy(tiny, expected, drafter):
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_target_as_own_drafter_accepts_every_token(tiny, gamma):
     engine = engine_for(tiny, "self")
-    ids = engine.target.target.tokenizer(PROMPTS[1])["input_ids"]
+    ids = engine.target_worker.target_model.tokenizer(PROMPTS[1])["input_ids"]
     out = engine.generate(ids, GenerationParams(max_new_tokens=N, spec=SpecSettings(gamma=gamma)))
     s = out.stats
     full_rounds = s.rounds - 1  # the last round may be cut short by the token budget
@@ -61,7 +61,7 @@ def test_target_as_own_drafter_accepts_every_token(tiny, gamma):
 def test_partial_acceptance_is_exercised(tiny, expected):
     """The noisy drafter must accept some tokens and reject others, so crops happen mid-draft."""
     engine = engine_for(tiny, "noisy")
-    ids = engine.target.target.tokenizer(PROMPTS[0])["input_ids"]
+    ids = engine.target_worker.target_model.tokenizer(PROMPTS[0])["input_ids"]
     out = engine.generate(ids, GenerationParams(max_new_tokens=N, spec=SpecSettings(gamma=4)))
     assert out.token_ids == expected[PROMPTS[0]]
     assert 0 < out.stats.accepted < out.stats.drafted
@@ -69,7 +69,7 @@ def test_partial_acceptance_is_exercised(tiny, expected):
 
 def test_asd_with_budget_stays_within_budget(tiny):
     engine = engine_for(tiny, "noisy")
-    ids = engine.target.target.tokenizer(PROMPTS[0])["input_ids"]
+    ids = engine.target_worker.target_model.tokenizer(PROMPTS[0])["input_ids"]
     for budget in [0.5, 2.0, 8.0]:
         spec = SpecSettings(gamma=4, verify="asd", asd_budget=budget, asd_gate=1.0,
                             asd_max_exceptions=2)

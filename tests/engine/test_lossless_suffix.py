@@ -30,7 +30,7 @@ def test_suffix_and_hybrid_are_greedy(tiny, expected, drafter):
     pair = load_pair(tiny["target"], drafter, "untrained", dtype="float64",
                      block_drafter=tiny["block-drafter"])
     engine = Engine(pair.target, pair.drafter, pair.preverifier)
-    tok = engine.target.target.tokenizer
+    tok = engine.target_worker.target_model.tokenizer
     sources = set()
     for repeat in range(2):  # the second pass drafts from the first pass's outputs
         for prompt in PROMPTS[:2]:

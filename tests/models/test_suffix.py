@@ -10,6 +10,7 @@ import torch
 
 from specdec.algorithms.rejection import RejectionSampler
 from specdec.algorithms.sampling import Sampling
+from specdec.algorithms.verdict import VerifyInputs
 from specdec.engine.settings import SpecSettings
 from specdec.models.suffix import SuffixConfig, SuffixDrafter
 from specdec.models.suffix_index import CONFIG_FILE, TOKENS_FILE, SuffixIndex
@@ -178,8 +179,8 @@ def test_sampling_with_suffix_drafts_is_lossless():
             block = drafter.propose(state, 3, sampling)
             drafted += len(block)
             probs = block.probs if len(block) else None
-            verdict = sampler.verify(TARGET[j:j + len(block) + 1], block.tokens,
-                                     draft_probs=probs, generator=gen)
+            verdict = sampler.verify(None, VerifyInputs(TARGET[j:j + len(block) + 1], block.tokens,
+                                                     probs, gen))
             drafter.commit(state, verdict.tokens)
             committed += verdict.tokens
         drafter.finish(state)
