@@ -202,8 +202,7 @@ class BatchLoop:
                     for w, _ in batch:
                         self.worker.close(w.rid)
                 slots = len(self.worker.requests)
-            seconds = time.perf_counter() - started
-            self._resolve(batch, results, started, seconds, slots)
+            self._resolve(batch, results, started, time.perf_counter() - started, slots)
 
     def _gather(self) -> list[tuple[Work, int]] | None:
         """Wait for work and for the gathering rule; return the step's items (under cond)."""

@@ -12,8 +12,9 @@ rows costs 2-3x one row (it repacks the weight on every call):
   contiguous ``[in, out]`` copy: GEMV, about 1.4x (layers) to 2x (lm_head) faster than
   ``F.linear``;
 - a pass of several rows (a verify, a batched step, a prefill) runs oneDNN's linear on a copy
-  of the weight reordered once, at load, into oneDNN's blocked layout (``packed``): 8 rows cost
-  about 1.2x one row instead of 2.7x (``pack``, below; CPU only, when PyTorch has oneDNN).
+  of the weight reordered once, at load, into oneDNN's blocked layout (``packed``): the
+  linears of 8 rows cost about 1.2x one row's instead of 2.5x (``pack``, below; CPU only, when
+  PyTorch has oneDNN).
 The ``[out, in]`` weight itself stays for everything else (float64, bfloat16, GPUs, and the HF
 model, which shares its storage). bfloat16 has no copies: ``x @ wt`` in bf16 was 6-9x slower
 than ``F.linear``.
