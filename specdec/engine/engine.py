@@ -112,15 +112,10 @@ class Engine:
         """Drive ``program`` to its end; yield each round's new tokens. The request's state is
         freed in both workers however the loop ends."""
         t0 = time.perf_counter()
-        steps = program.steps(self.eos)
         try:
-            step = next(steps)
-            while not isinstance(step, rounds.Finish):
-                answer = self._answer(rid, step)
-                if isinstance(step, rounds.Emit):
-                    program.stats.total_s = time.perf_counter() - t0
-                    yield step.tokens
-                step = steps.send(answer)
+            for tokens in rounds.drive(program.steps(self.eos), lambda step: self._answer(rid, step)):
+                program.stats.total_s = time.perf_counter() - t0
+                yield tokens
         finally:
             self.close(rid)
             program.stats.total_s = time.perf_counter() - t0

@@ -31,7 +31,7 @@ the seconds in the answers), no tokeniser (stop strings come as a ``StopStrings`
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from specdec.engine.logprobs import TokenLogprobs
@@ -93,6 +93,17 @@ class Verified:
     result: RoundResult
     room: int  # draft tokens the context has room for in the next round
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
+
+
+def drive(steps: Generator[Step, object, None], answer: Callable[[Step], object]) -> Iterator[list[int]]:
+    """Run a program's ``steps`` to its ``Finish`` with a synchronous ``answer(step)`` (the
+    engine's and the simulation's drivers); yield the tokens of each ``Emit``."""
+    step = next(steps)
+    while not isinstance(step, Finish):
+        reply = answer(step)
+        if isinstance(step, Emit):
+            yield step.tokens
+        step = steps.send(reply)
 
 
 def truncate(tokens: list[int], budget: int, eos: frozenset[int]) -> tuple[list[int], str | None]:

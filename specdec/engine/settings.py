@@ -78,6 +78,11 @@ def section_models() -> dict[str, tuple]:
     return {name: (pydantic_model(cls) | None, None) for name, cls in SECTIONS.items()}
 
 
+def _samples(verifier: str) -> bool:
+    """Whether the verifier samples (it runs only at temperature > 0; the others only at 0)."""
+    return "temperature" in VERIFIERS.get(verifier).needs
+
+
 def _config(section: str, base: Any, values: dict) -> Any:
     cls = SECTIONS[section]
     unknown = set(values) - {f.name for f in knobs(cls)}
@@ -149,7 +154,7 @@ class SpecSettings:
 
     def verifier_name(self, temperature: float) -> str:
         name = self.verify or ("strict" if temperature == 0 else "sample")
-        samples = "temperature" in VERIFIERS.get(name).needs
+        samples = _samples(name)
         if samples and temperature == 0:
             raise ValueError(f"verify={name} needs temperature > 0")
         if not samples and temperature > 0:
@@ -160,8 +165,7 @@ class SpecSettings:
         """(name, config, extra keywords) of the request's verifier, for ``make_verifier``; a
         sampling verifier gets the request's ``temperature`` and ``warp`` (top_k, top_p, min_p)."""
         name = self.verifier_name(temperature)
-        samples = "temperature" in VERIFIERS.get(name).needs
-        return name, self.section(name), dict(temperature=temperature, **warp) if samples else {}
+        return name, self.section(name), dict(temperature=temperature, **warp) if _samples(name) else {}
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,6 @@ def simulate_request(target_model: TargetModel, draft_model: Drafter, verifier: 
         raise ValueError("simulation needs a prompt of at least 2 tokens")
     sim = _Simulator(target_model, draft_model, verifier, draft_len, pacer_block)
     program = rounds.RoundProgram(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens))
-    steps = program.steps(target_model.eos_token_ids)
-    step = next(steps)
-    while not isinstance(step, rounds.Finish):
-        step = steps.send(sim.answer(step))
+    for _ in rounds.drive(program.steps(target_model.eos_token_ids), sim.answer):
+        pass
     return sim.records
