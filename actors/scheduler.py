@@ -14,12 +14,17 @@ Requests join and leave between steps. The two schedulers differ in what a step 
   requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter forwards batched).
 
 *Gathering*: a step starts once every running request has work queued, or when ``max_batch``
-items are queued, or once the oldest queued item has waited the gathering window (a running
-request may be away: drafting, streaming to its client, or finished without a close yet). The
-window is ``gather_share`` of the last step's duration, and at least ``gather_s``: the requests
-of a step come back about one round trip after it, spread by the trip through the Serve
-replica and the other actor; waiting a fraction of a step for the stragglers is cheaper than
-running them in a second step of their own (a step's cost grows far slower than its rows).
+items are queued, or once the gathering window has passed (a running request may be away:
+drafting, streaming to its client, or finished without a close yet). The window is
+``gather_share`` of the last step's duration, and at least ``gather_s``; it counts from the
+oldest queued item's arrival or from the end of the last step, whichever is later. The
+requests of a step come back about one round trip after it, spread by the trip through the
+Serve replica and the other actor; waiting a fraction of a step for the stragglers is cheaper
+than running them in a second step of their own (a step's cost grows far slower than its
+rows). Counting from the step's end matters: items that queued while a step ran would
+otherwise start the next step at once, without the requests of the step just ended, and the
+running requests would settle into two groups taking turns in half-full steps (measured: 8
+plain-decoding clients ran in steps of 3.8 requests).
 
 A ``close`` takes a request out at once: its queued items fail with ``Closed``, its state is
 freed as soon as the step in flight (if any) ends, and later items of it are refused. The
@@ -141,6 +146,7 @@ class BatchLoop:
         self.closed_order: deque[str] = deque()  # the same, oldest first (bounded)
         self.steps = itertools.count()
         self.last_step_s = 0.0  # the duration of the last step (it sets the gathering window)
+        self.last_step_end = 0.0  # when it ended (perf_counter): the window counts from here
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self.thread.start()
@@ -210,7 +216,8 @@ class BatchLoop:
             if not self.queue:
                 self.cond.wait()
                 continue
-            wait = self.queue[0].arrived + self.window() - time.perf_counter()
+            opened = max(self.queue[0].arrived, self.last_step_end)
+            wait = opened + self.window() - time.perf_counter()
             if self._ready() or wait <= 0:
                 return self._take()
             self.cond.wait(wait)
@@ -243,7 +250,7 @@ class BatchLoop:
         step = next(self.steps)
         tokens = sum(n for _, n in batch)
         with self.cond:
-            self.last_step_s = seconds
+            self.last_step_s, self.last_step_end = seconds, started + seconds
             for w, _ in batch:
                 outcome = results.get(w.rid)
                 if isinstance(outcome, Exception) or not w.completes:

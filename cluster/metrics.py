@@ -50,6 +50,7 @@ class ServeMetrics:
         self.batch_size = histogram("batch_size", "requests per target step", LENGTH_BOUNDARIES)
         self.step_tokens = histogram("step_tokens", "tokens fed per target step",
                                      TOKENS_BOUNDARIES)
+        self.step_s = histogram("step_seconds", "duration of a target step", SECONDS_BOUNDARIES)
         self.queue_s = histogram("queue_wait_seconds", "wait of a target call for its step",
                                  QUEUE_BOUNDARIES)
         self.slots_used = metrics.Gauge("specdec_kv_slots_used", description="KV slots in use "
@@ -75,8 +76,10 @@ class ServeMetrics:
         """One target step (an ``actors.scheduler.StepInfo``), observed once."""
         self.batch_size.observe(info.batch)
         self.step_tokens.observe(info.tokens)
+        self.step_s.observe(info.seconds)
         self.slots_used.set(info.slots_used)
         self.totals.update(steps=1, step_requests=info.batch, step_tokens=info.tokens)
+        self.totals["step_s"] += info.seconds
         self.totals["slots_used"] = info.slots_used
 
     def queued(self, seconds: float) -> None:
@@ -93,6 +96,7 @@ class ServeMetrics:
         if self.totals["steps"]:
             out["mean_batch_size"] = self.totals["step_requests"] / self.totals["steps"]
             out["mean_step_tokens"] = self.totals["step_tokens"] / self.totals["steps"]
+            out["mean_step_s"] = self.totals["step_s"] / self.totals["steps"]
         if self.totals["queued_calls"]:
             out["mean_queue_wait_s"] = self.totals["queue_wait_s"] / self.totals["queued_calls"]
         return out

@@ -49,6 +49,7 @@ class ApiMetrics:
         self.iteration_tokens = histogram("iteration_tokens_total", "tokens fed per target step",
                                           TOKENS_BUCKETS)
         self.batch_size = histogram("batch_size", "requests per target step", BATCH_BUCKETS)
+        self.step_time = histogram("step_duration_seconds", "duration of a target step")
         self.queue_time = histogram("step_queue_time_seconds",
                                     "wait of a target call for its step", QUEUE_BUCKETS)
         self.slots_used = gauge("kv_slots_used", "KV cache slots held by requests")
@@ -77,6 +78,7 @@ class ApiMetrics:
         """One target step (an ``actors.scheduler.StepInfo``), observed once."""
         self.iteration_tokens.labels(self.model).observe(info.tokens)
         self.batch_size.labels(self.model).observe(info.batch)
+        self.step_time.labels(self.model).observe(info.seconds)
         self.slots_used.labels(self.model).set(info.slots_used)
         if self.kv_slots:
             self.cache_usage.labels(self.model).set(info.slots_used / self.kv_slots)

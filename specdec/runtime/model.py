@@ -3,12 +3,19 @@
 A batch is a list of ``Row``s, each (KV slot, new token ids, optional ancestor mask among the
 new ids). Every row's new keys/values are written into its slot first; then each new token
 attends to its slot's cached prefix and to the new tokens it may see (all earlier ones, or with
-an ancestor mask only its ancestors and itself: tree verification). Rows are padded to the
-longest new length ``T`` and the longest context ``C`` in the batch; an explicit boolean mask
-``[B, 1, T, C]`` goes to SDPA. Logits come back only for the positions a row asks for (a
-prefill asks for its last), and the tapped layers' outputs (the block drafter's features) for
-the positions it asks for. Terms: ``H`` hidden size, ``h`` / ``kvh`` query / key-value heads,
-``d`` head dim, ``V`` vocabulary.
+an ancestor mask only its ancestors and itself: tree verification).
+
+The tokens of a batch are laid out flat, ``[N, H]`` with ``N`` the sum of the rows' new
+lengths, so the linears, norms and MLPs (most of a pass) cost what the real tokens cost: no
+row is padded to another's length (a prompt in a step of decodes would otherwise make every
+decode row as long as the prompt). Attention runs per *group*: the short rows (decodes and
+verifies) together, padded to the group's longest new length ``T`` and context ``C``, with an
+explicit boolean mask ``[B, 1, T, C]`` for SDPA; each long row (a prompt chunk) alone. A group
+on consecutive KV slots reads the caches as a view, others gather their slots.
+
+Logits come back only for the positions a row asks for (a prefill asks for its last), and the
+tapped layers' outputs (the block drafter's features) for the positions it asks for. Terms:
+``H`` hidden size, ``h`` / ``kvh`` query / key-value heads, ``d`` head dim, ``V`` vocabulary.
 
 It is not a model zoo: ``weights.py`` says which configs it runs; the rest stay on transformers.
 Arithmetic follows transformers' eager Llama (RMSNorm in float32, RoPE tables in float32), so
@@ -70,13 +77,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
+SHORT = 32  # rows of at most this many new tokens (decodes, verifies) attend as one group
+
+
 def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device):
-    """pos: [B, T] absolute positions (depth in a tree); mask: [B, 1, T, C] keys each query sees."""
+    """pos: [B, T] absolute positions (depth in a tree); mask: [B, 1, T, C] keys each query sees,
+    T and C the group's longest new length and context (padded queries see key 0 only)."""
     T = max(len(r.ids) for r in rows)
     C = max(c + len(r.ids) for r, c in zip(rows, lengths, strict=True))
     pos = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T, C, dtype=torch.bool)
-    mask[:, :, 0] = True  # padded queries see one key, so no softmax row is empty
+    mask[:, :, 0] = True  # so no softmax row is empty
     for b, (row, c) in enumerate(zip(rows, lengths, strict=True)):
         n = len(row.ids)
         seen = row.ancestors if row.ancestors is not None else torch.ones(n, n, dtype=torch.bool).tril()
@@ -84,6 +95,51 @@ def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device):
         mask[b, :n, :c] = True
         mask[b, :n, c:c + n] = seen
     return pos.to(device), mask.unsqueeze(1).to(device)
+
+
+@dataclass
+class Group:
+    """Rows of a batch that attend together: a contiguous block of the flat token axis, padded
+    to ``[B, T]`` queries against ``[B, C]`` keys for SDPA (T, C: the longest in the group)."""
+
+    rows: list[int]  # indices into the batch, in slot order
+    start: int  # first flat token of the block
+    size: int  # its tokens
+    T: int
+    C: int
+    mask: torch.Tensor | None  # [B, 1, T, C]; None: one query that sees every cached key
+    span: tuple[int, int] | None  # slots lo..hi-1 when they are consecutive: read as a view
+    slots: torch.Tensor  # [B], for a gather when they are not
+    where: tuple[torch.Tensor, torch.Tensor] | None  # (b, t) of each token; None: no padding
+
+
+def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device):
+    """Lay a batch out flat: one group of the short rows (decodes and verifies, padded to the
+    longest), then each long row (a prompt chunk) alone, so no prompt pads a decode. Returns the
+    groups, each row's first flat token, and the flat tokens' RoPE positions [N]."""
+    short = sorted((b for b, r in enumerate(rows) if len(r.ids) <= SHORT), key=lambda b: rows[b].slot)
+    parts = ([short] if short else []) + [[b] for b, r in enumerate(rows) if len(r.ids) > SHORT]
+    groups, offsets, positions, start = [], [0] * len(rows), [], 0
+    for members in parts:
+        pos, mask = positions_and_mask([rows[b] for b in members], [lengths[b] for b in members],
+                                       device)
+        ns = [len(rows[b].ids) for b in members]
+        B, T = pos.shape
+        where = None
+        if any(n != T for n in ns):
+            where = tuple(torch.tensor(ix, device=device) for ix in
+                          zip(*[(i, t) for i, n in enumerate(ns) for t in range(n)], strict=True))
+        slots = [rows[b].slot for b in members]
+        consecutive = slots == list(range(slots[0], slots[0] + B))
+        groups.append(Group(members, start, sum(ns), T, mask.shape[-1],
+                            None if T == 1 and B == 1 else mask,
+                            (slots[0], slots[0] + B) if consecutive else None,
+                            torch.tensor(slots, device=device), where))
+        for b, n in zip(members, ns, strict=True):
+            offsets[b] = start
+            start += n
+        positions.append(pos.reshape(-1) if where is None else pos[where])
+    return groups, offsets, torch.cat(positions)
 
 
 class Forward:
@@ -117,75 +173,86 @@ class Forward:
                 raise ValueError(f"sequence of {c + len(r.ids)} tokens exceeds the KV slot's "
                                  f"{pool.max_len} positions")
         device = self.w.embed.device
-        pos, mask = positions_and_mask(rows, lengths, device)
-        B, T = pos.shape
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids[b, :len(r.ids)] = torch.as_tensor(list(r.ids), dtype=torch.long)
-        cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [B, 1, T, d]
-        C = mask.shape[-1]
-        if len(rows) > 1:  # only a padded batch reads past a slot's end
-            for r in rows:
-                pool.ensure_clean(r.slot, C)
-        if T == 1 and B == 1:
-            mask = None  # one query that sees every cached key: SDPA's unmasked path
-        x = self.w.embed[ids.to(device)]  # [B, T, H]
-        taps = {}  # layer -> its output [B, T, H], for the tapped layers only
+        groups, offsets, pos = plan_groups(rows, lengths, device)
+        order = [b for g in groups for b in g.rows]
+        ids = torch.tensor([t for b in order for t in rows[b].ids], dtype=torch.long, device=device)
+        # where each flat token's key / value goes: its slot, at its index after the cache
+        write_slots = torch.tensor([rows[b].slot for b in order for _ in rows[b].ids], device=device)
+        write_at = torch.tensor([lengths[b] + t for b in order for t in range(len(rows[b].ids))],
+                                device=device)
+        cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [N, 1, d]
+        for g in groups:
+            if len(g.rows) > 1:  # only a group padded along the keys reads past a slot's end
+                for b in g.rows:
+                    pool.ensure_clean(rows[b].slot, g.C)
+        x = self.w.embed[ids]  # [N, H]
+        taps = {}  # layer -> its output [N, H], for the tapped layers only
         for i, layer in enumerate(self.w.layers):
-            x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), rows, lengths,
-                                   cos, sin, mask, C)
+            x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), groups, cos, sin,
+                                   (write_slots, write_at))
             x = x + self.mlp(layer, rms_norm(x, layer.mlp_norm, s.eps))
             if i in self.tap_layers:  # the last layer's output is read after the final norm, as
                 taps[i] = x if i < s.layers - 1 else rms_norm(x, self.w.norm, s.eps)  # in HF
         for r in rows:
             pool.advance(r.slot, len(r.ids))
-        return self.outputs(rows, T, x, taps)
+        return self.outputs(rows, offsets, x, taps)
 
-    def attention(self, i: int, layer: Layer, x, rows, lengths, cos, sin, mask, C: int) -> torch.Tensor:
-        """x: [B, T, H] normed; mask: [B, 1, T, C] or None (one query seeing all C keys)."""
-        s, pool = self.w.shape, self.pool
-        B, T, _ = x.shape
-        qkv = self.linear(x, layer.qkv)  # [B, T, (h + 2 kvh) d]
+    def attention(self, i: int, layer: Layer, x, groups: list[Group], cos, sin,
+                  write: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [N, H] normed flat tokens; write: (slot, position) of each token's key / value.
+        Every new key / value goes into the caches first; then each group attends on its own."""
+        s = self.w.shape
+        N = x.shape[0]
+        qkv = self.linear(x, layer.qkv)  # [N, (h + 2 kvh) d]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(B, T, s.heads, s.head_dim)
-        k = k.view(B, T, s.kv_heads, s.head_dim)
+        q, k = q.view(N, s.heads, s.head_dim), k.view(N, s.kv_heads, s.head_dim)
         if layer.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
             q, k = rms_norm(q, layer.q_norm, s.eps), rms_norm(k, layer.k_norm, s.eps)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, h | kvh, T, d]
-        v = v.view(B, T, s.kv_heads, s.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        for b, (r, c) in enumerate(zip(rows, lengths, strict=True)):
-            n = len(r.ids)
-            pool.write(i, r.slot, c, k[b, :, :n], v[b, :, :n])
-        if B == 1:  # a view of the slot, no copy: [1, kvh, C, d]
-            keys = pool.k[i][rows[0].slot, :, :C].unsqueeze(0)
-            values = pool.v[i][rows[0].slot, :, :C].unsqueeze(0)
+        q = q * cos + rotate_half(q) * sin  # [N, h, d]
+        k = k * cos + rotate_half(k) * sin  # [N, kvh, d]
+        self.pool.write(i, *write, k, v.view(N, s.kv_heads, s.head_dim))
+        outs = [self._attend(i, g, q[g.start:g.start + g.size]) for g in groups]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self.linear(out, layer.o)
+
+    def _attend(self, i: int, g: Group, q: torch.Tensor) -> torch.Tensor:
+        """One group's queries [n, h, d] against its slots' caches; returns [n, h * d]."""
+        s, pool = self.w.shape, self.pool
+        B, T = len(g.rows), g.T
+        if g.where is None:
+            queries = q.view(B, T, s.heads, s.head_dim)
         else:
-            slots = torch.tensor([r.slot for r in rows], device=q.device)
-            keys, values = pool.k[i][slots, :, :C], pool.v[i][slots, :, :C]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                             scale=s.head_dim ** -0.5,
+            queries = q.new_zeros(B, T, s.heads, s.head_dim)
+            queries[g.where] = q
+        if g.span is not None:  # a view of the slots, no copy: [B, kvh, C, d]
+            lo, hi = g.span
+            keys, values = pool.k[i][lo:hi, :, :g.C], pool.v[i][lo:hi, :, :g.C]
+        else:
+            keys, values = pool.k[i][g.slots, :, :g.C], pool.v[i][g.slots, :, :g.C]
+        out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
+                                             attn_mask=g.mask, scale=s.head_dim ** -0.5,
                                              enable_gqa=s.heads != s.kv_heads)  # [B, h, T, d]
-        return self.linear(out.transpose(1, 2).reshape(B, T, self.q_size), layer.o)
+        out = out.transpose(1, 2)  # [B, T, h, d]
+        out = out.reshape(B * T, self.q_size) if g.where is None else out[g.where]
+        return out.reshape(-1, self.q_size)
 
     def mlp(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
         return self.linear(F.silu(gate) * up, layer.down)
 
-    def outputs(self, rows, T: int, x: torch.Tensor, taps: dict) -> list[RowOutput]:
+    def outputs(self, rows, offsets: list[int], x: torch.Tensor, taps: dict) -> list[RowOutput]:
         """Final norm + lm_head only at the asked-for positions; taps = outputs of layer l."""
-        flat = x.reshape(-1, x.shape[-1])  # [B * T, H]
-        at = [b * T + i for b, r in enumerate(rows) for i in r.logits_at]
+        at = [offsets[b] + i for b, r in enumerate(rows) for i in r.logits_at]
         index = torch.tensor(at, dtype=torch.long, device=x.device)
-        logits = self.linear(rms_norm(flat[index], self.w.norm, self.w.shape.eps), self.w.lm_head)
+        logits = self.linear(rms_norm(x[index], self.w.norm, self.w.shape.eps), self.w.lm_head)
         out, start = [], 0
         for b, r in enumerate(rows):
             row_logits = logits[start:start + len(r.logits_at)]
             start += len(r.logits_at)
             tapped = None
             if r.taps_at and self.tap_layers:
-                where = torch.tensor(list(r.taps_at), dtype=torch.long, device=x.device)
-                tapped = torch.cat([taps[layer][b, where] for layer in self.tap_layers], dim=-1)
+                where = torch.tensor([offsets[b] + i for i in r.taps_at], dtype=torch.long,
+                                     device=x.device)
+                tapped = torch.cat([taps[layer][where] for layer in self.tap_layers], dim=-1)
             out.append(RowOutput(row_logits, tapped))
         return out

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+CLEAN_AHEAD = 64  # positions zeroed at least, once a slot's padded reads pass its clean mark
+
 
 class PoolFull(RuntimeError):
     """Every KV slot is taken: the server is at its limit (HTTP 503), not broken."""
@@ -52,11 +54,12 @@ class KVPool:
             raise ValueError(f"cannot crop a cache of {self.lengths[slot]} tokens to {length}")
         self.lengths[slot] = length
 
-    def write(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [kv_heads, n, head_dim] for positions start..start+n-1 (lengths move in ``advance``)."""
-        n = k.shape[1]
-        self.k[layer][slot, :, start:start + n] = k
-        self.v[layer][slot, :, start:start + n] = v
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        """Token i's key / value go to ``slots[i]`` at ``positions[i]``; k, v: [N, kv_heads,
+        head_dim] (lengths move in ``advance``)."""
+        self.k[layer][slots, :, positions] = k
+        self.v[layer][slots, :, positions] = v
 
     def advance(self, slot: int, n: int) -> None:
         self.lengths[slot] += n
@@ -65,7 +68,8 @@ class KVPool:
     def ensure_clean(self, slot: int, upto: int) -> None:
         """Make positions < upto finite (zero those never written) before a padded read."""
         lo = self.clean[slot]
-        if lo < upto:
+        if lo < upto:  # zero ahead too, so a growing batch does not come back every step
+            upto = min(self.max_len, max(upto, lo + CLEAN_AHEAD))
             for cache in (*self.k, *self.v):
                 cache[slot, :, lo:upto] = 0
             self.clean[slot] = upto

@@ -72,6 +72,24 @@ def test_the_window_never_waits_longer_than_the_share():
     assert (a, b) == (2, 3)
 
 
+def test_work_queued_during_a_step_waits_for_the_requests_of_that_step():
+    # b runs step 2 alone (a is away past the window); a's item arrives during that step.
+    # When step 2 ends, a's item has waited longer than the window, yet the window counts from
+    # the step's end: b, back 40 ms later, joins a in step 3 (the groups do not take turns).
+    loop = Sleeper(BatchingConfig(gather_s=0.001, gather_share=0.5))
+    try:
+        assert {f.result(5).value for f in [loop.submit(r, None) for r in ("a", "b")]} == {1}
+        b = loop.submit("b", None)
+        time.sleep(0.15)  # b's window (100 ms) passes; step 2 runs until ~300 ms
+        a = loop.submit("a", None)
+        assert b.result(5).value == 2
+        time.sleep(0.04)
+        b = loop.submit("b", None)
+        assert a.result(5).value == b.result(5).value == 3
+    finally:
+        loop.stop()
+
+
 @pytest.mark.parametrize("share", [-0.1])
 def test_a_negative_share_is_refused(share):
     with pytest.raises(ValueError, match="gather_share"):

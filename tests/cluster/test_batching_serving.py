@@ -53,9 +53,11 @@ def test_batched_requests_equal_the_engine_alone(served, client, engine):
     steps = after["steps"] - before.get("steps", 0)
     batched = after["step_requests"] - before.get("step_requests", 0)
     assert steps > 0 and batched / steps > 1.0, "no target step held two requests"
+    assert after["mean_step_s"] > 0
     text = requests.get(f"{served}/metrics", timeout=30).text
     for name in ("specdec:batch_size_bucket", "specdec:iteration_tokens_total_bucket",
-                 "specdec:step_queue_time_seconds_bucket", "specdec:kv_slots_used",
+                 "specdec:step_queue_time_seconds_bucket", "specdec:step_duration_seconds_bucket",
+                 "specdec:kv_slots_used",
                  "specdec:kv_cache_usage_perc"):
         assert name in text, name
 

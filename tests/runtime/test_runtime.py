@@ -115,6 +115,44 @@ def test_ragged_batch_equals_each_request_alone(hf):
         assert pool.lengths[row.slot] == len(p) + len(n)
 
 
+def test_mixed_batch_equals_each_request_alone(hf):
+    """Decodes, 3-token verifies and a tree on scattered slots (one padded group, gathered)
+    with a long prompt (alone, read as a view) in one pass: each row as alone; then decodes on
+    consecutive slots (one group, read as a view)."""
+    from specdec.runtime.model import SHORT, plan_groups
+
+    fwd, pool = make(hf, slots=6)
+    slots = [pool.acquire() for _ in range(6)]
+    prompts = {s: seq(4 + 3 * s, 20 + s) for s in slots}
+    prompts[3] = []  # slot 3 gets its prompt in the mixed pass
+    for slot in (0, 1, 2, 4, 5):
+        fwd([Row(slot, prompts[slot], logits_at=[len(prompts[slot]) - 1])])
+    tree = torch.ones(3, 3, dtype=torch.bool).tril()
+    tree[2, 1] = False  # tokens 1 and 2 are siblings under 0
+    news = {0: seq(1, 30), 1: seq(1, 31), 2: seq(3, 32), 4: seq(3, 33), 3: seq(SHORT + 8, 34),
+            5: seq(3, 35)}
+    rows = [Row(s, news[s], logits_at=range(len(news[s])), taps_at=range(len(news[s])),
+                ancestors=tree if s == 5 else None) for s in (4, 0, 3, 2, 5, 1)]
+    groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu")
+    assert [([rows[b].slot for b in g.rows], g.T, g.span) for g in groups] == [
+        ([0, 1, 2, 4, 5], 3, None), ([3], SHORT + 8, (3, 4))]
+    for row, out in zip(rows, fwd(rows), strict=True):
+        s, n = row.slot, len(news[row.slot])
+        seen = tree if s == 5 else torch.ones(n, n, dtype=torch.bool).tril()
+        for j in range(n):  # each new token against its own path
+            logits, taps = reference(hf, prompts[s] + [news[s][i] for i in range(n) if seen[j, i]])
+            torch.testing.assert_close(out.logits[j], logits[-1], **TOL)
+            torch.testing.assert_close(out.taps[j], taps[-1], **TOL)
+        assert pool.lengths[s] == len(prompts[s]) + n
+    pool.crop(5, len(prompts[5]) + 1)  # keep the tree's root only
+    rows = [Row(s, [7], logits_at=[0]) for s in (1, 0)]
+    groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu")
+    assert [g.span for g in groups] == [(0, 2)]
+    for row, out in zip(rows, fwd(rows), strict=True):
+        logits, _ = reference(hf, prompts[row.slot] + news[row.slot] + [7])
+        torch.testing.assert_close(out.logits[0], logits[-1], **TOL)
+
+
 def test_tree_masked_append_equals_each_branch_run_linearly(hf):
     fwd, pool = make(hf)
     prompt = seq(10, 10)
