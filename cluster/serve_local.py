@@ -21,6 +21,19 @@ DEFAULT = "configs/serve/local.yaml"
 HTTP_OPTIONS = {"host": "127.0.0.1", "port": 8000}  # loopback only: set an API key to open it up
 
 
+def describe(args: dict) -> str:
+    """One line saying what the app serves: the pair, the dtype, the policy and the verifier."""
+    from cluster.schema import ServeArgs
+    from specdec.engine.settings import SpecSettings
+
+    a = ServeArgs.model_validate(args)
+    spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
+    verify = spec.verify or "strict (greedy; sampling at temperature > 0)"
+    drafter = a.drafter if a.drafter != "hybrid" else f"hybrid (suffix + {a.block_drafter})"
+    return (f"serving target={a.target} drafter={drafter} policy={spec.policy} "
+            f"verify={verify} dtype={a.dtype} batching max_batch={a.batching.max_batch}")
+
+
 def interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -37,6 +50,7 @@ def main(argv: list[str]) -> int:
     doc = yaml.safe_load(open(path))
     app_cfg = doc["applications"][0]
     args = serve_args(app_cfg["args"], doc.get("default_pair"), doc.get("default_drafter", "block"))
+    print(describe(args), flush=True)
     ray.init(include_dashboard=False)
     serve.start(http_options=HTTP_OPTIONS)
     serve.run(build_app(args), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])

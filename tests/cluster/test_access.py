@@ -48,6 +48,14 @@ def test_the_local_server_binds_loopback_only(served):
         socket.create_connection((address, port), timeout=5).close()
 
 
+def test_the_local_server_says_what_it_serves():
+    line = serve_local.describe({"target": "smollm2-135m", "drafter": "suffix", "dtype": "bfloat16",
+                                 "speculative": {"policy": "pacer", "verify": "asd"}})
+    assert line == ("serving target=smollm2-135m drafter=suffix policy=pacer verify=asd "
+                    "dtype=bfloat16 batching max_batch=32")
+    assert "verify=strict" in serve_local.describe({"target": "t", "drafter": "ngram"})
+
+
 # ---- where models may come from --------------------------------------------------------------
 def pickle_only_model(directory) -> str:
     """A tiny model directory whose weights are a pickle (pytorch_model.bin), no safetensors."""
