@@ -233,7 +233,8 @@ class Forward:
                                              attn_mask=g.mask, scale=s.head_dim ** -0.5,
                                              enable_gqa=s.heads != s.kv_heads)  # [B, h, T, d]
         out = out.transpose(1, 2)  # [B, T, h, d]
-        out = out.reshape(B * T, self.q_size) if g.where is None else out[g.where]
+        if g.where is not None:
+            out = out[g.where]  # [n, h, d]: the real tokens only
         return out.reshape(-1, self.q_size)
 
     def mlp(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
