@@ -88,6 +88,8 @@ class BenchmarkConfig(Strict):
     # suffix_warm's warm-up: the target's greedy outputs by prompt id (JSON {id: [token ids]},
     # e.g. bench.suffix_replay's *-greedy.json); None: computed untimed with the plain engine
     warm_outputs: str | None = None
+    # the suffix walk's stop for the suffix and hybrid methods (None: the knob's default)
+    suffix_min_prob: float | None = Field(None, gt=0, le=1)
     prompts: str = Field(default_factory=lambda: str(default_output("corpus") / "benchmark.parquet"))
     workloads: Workloads = Workloads()
     seed: int = 0  # the ShareGPT choice
@@ -159,9 +161,10 @@ def asd_settings(cfg: BenchmarkConfig) -> AsdSettings:
 
 def table(cfg: BenchmarkConfig, p: PacerSettings, asd: AsdSettings, drafter_block: int = 8,
           dflash_block: int | None = None) -> list[Method]:
+    suffix = {} if cfg.suffix_min_prob is None else {"suffix_min_prob": cfg.suffix_min_prob}
     return method_table(cfg.fixed_gammas, cfg.ngram_gamma, cfg.prompt_lookup_tokens,
                         cfg.heuristic_initial, p, asd.knobs(), asd.budgets, drafter_block,
-                        dflash_block, cfg.ablation_growth)
+                        dflash_block, cfg.ablation_growth, suffix)
 
 
 def check_methods(cfg: BenchmarkConfig) -> list[str]:

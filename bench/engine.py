@@ -70,7 +70,7 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, li
     """The research claims and the issue's goals, evaluated on this run's summary."""
     from bench.metrics import claims, evaluate, goals
 
-    asd = [f"pacer_asd_{b:g}" for b in cfg.asd.budgets]
+    asd = {m.name: m.approximates for m in plan.methods if m.approximates}
     fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
     # D-PACE's side of the loss comparison: the fixed window that drafts as many tokens per
     # round as dflash_fixed does (B - 1, the engine caps longer windows at that)
@@ -147,7 +147,7 @@ def run(cfg: BenchmarkConfig, command: str = "", quick: bool = False) -> dict:
     plan = check(cfg)
     summary = measure_all(cfg, plan)
     results = results_dict(cfg, plan, summary, command, quick)
-    asd = [m.name for m in plan.methods if not m.strict]
+    asd = [m.name for m in plan.methods if m.approximates]
     paths = write_outputs(results, asd, Path(cfg.out_dir))
     log_run(cfg, results, paths, quick)
     return results

@@ -29,6 +29,7 @@ from pipelines.common.settings import PacerSettings, fixed, pacer
 # Engines by key: which drafter side each one has.
 ENGINE_DRAFTERS = {
     "plain": "none (plain autoregressive decoding)",
+    "plain_bf16": "none (plain autoregressive decoding), the target in bfloat16",
     "ngram": "n-gram prompt lookup",
     "main": "the block drafter + the PACER pre-verifier",
     "no_position": "the block drafter + the pre-verifier trained without position embedding",
@@ -46,6 +47,8 @@ class Method:
     engine: str | None  # a key of ENGINE_DRAFTERS; None = HF generate
     settings: dict = field(default_factory=dict)  # SpecSettings fields, or HF generation settings
     strict: bool = True  # lossless: must reproduce ``ar``'s tokens exactly
+    # the strict method it approximates (ASD: its verifier's strict twin); None for the rest
+    approximates: str | None = None
     needs: str | None = None  # the optional config field that names its model
     note: str = ""
 
@@ -74,13 +77,15 @@ class Record:
 def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
                  heuristic_initial: int, p: PacerSettings, asd: dict, asd_budgets: list[float],
                  drafter_block: int, dflash_block: int | None,
-                 ablation_growth: float = 1.1) -> list[Method]:
+                 ablation_growth: float = 1.1, suffix: dict | None = None) -> list[Method]:
     """Every method, in report order. ``asd``: the ASD methods' flat keys but the budget
     (asd_gate, asd_max_exceptions, ...). ``drafter_block`` is B of the main block drafter, which
     drafts at most B - 1 tokens per pass (the engine caps any longer window at that)."""
     cap = drafter_block - 1
     methods = [
         Method("ar", "plain", note="our engine, no drafter: the baseline"),
+        Method("ar_bf16", "plain_bf16", strict=False,
+               note="our engine in bfloat16, no drafter (another dtype: not lossless vs ar)"),
         Method("hf_generate", None, note="HF generate, greedy"),
         Method("hf_prompt_lookup", None, {"prompt_lookup_num_tokens": lookup_tokens},
                note=f"HF generate, prompt_lookup_num_tokens={lookup_tokens}"),
@@ -94,11 +99,7 @@ def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
         Method("heuristic", "main", heuristic, note=f"HF's schedule from {heuristic_initial}"),
         Method("pacer", "main", pacer(p), note=pacer_note(p)),
     ]
-    for b in asd_budgets:
-        note = f"PACER + ASD, B={b:g}, g={asd['asd_gate']:g}, M={asd['asd_max_exceptions']}"
-        methods.append(Method(f"pacer_asd_{b:g}", "main",
-                              pacer(p) | {"verify": "asd", "asd_budget": b, **asd},
-                              strict=False, note=note))
+    methods += asd_methods("pacer", "main", pacer(p), asd, asd_budgets)
     rho = rho_ablation(p, ablation_growth)
     methods += [
         Method("pacer_no_position", "no_position", pacer(p), needs="preverifier_no_position",
@@ -109,19 +110,33 @@ def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
     g = (dflash_block or drafter_block) - 1
     methods.append(Method("dflash_fixed", "dflash", fixed(g), needs="drafter_dflash",
                           note=f"DFlash-loss drafter, gamma {g} (B-1)"))
-    return methods + suffix_methods(p)
+    return methods + suffix_methods(p, asd, asd_budgets, suffix or {})
 
 
-def suffix_methods(p: PacerSettings) -> list[Method]:
-    """Suffix cold / warm and the hybrid: the window is the suffix budget's own (max_draft);
-    the hybrid's block draft runs PACER with ``p``."""
-    window = {"policy": "fixed", "gamma": p.max_draft, "max_draft": p.max_draft}
+def asd_methods(strict: str, engine: str, settings: dict, asd: dict,
+                budgets: list[float]) -> list[Method]:
+    """``strict``'s method with ASD verification, one per budget B (``{strict}_asd_{B}``)."""
+    knobs = f"g={asd['asd_gate']:g}, M={asd['asd_max_exceptions']}"
+    return [Method(f"{strict}_asd_{b:g}", engine,
+                   settings | {"verify": "asd", "asd_budget": b, **asd}, strict=False,
+                   approximates=strict, note=f"{strict} + ASD, B={b:g}, {knobs}")
+            for b in budgets]
+
+
+def suffix_methods(p: PacerSettings, asd: dict, budgets: list[float],
+                   suffix: dict) -> list[Method]:
+    """Suffix cold / warm and the hybrid, strict and with ASD: the window is the suffix
+    budget's own (max_draft); the hybrid's block draft runs PACER with ``p``. ``suffix``: the
+    suffix walk's flat settings (suffix_min_prob, ...) for all of them."""
+    window = {"policy": "fixed", "gamma": p.max_draft, "max_draft": p.max_draft} | suffix
     hybrid = window | {"block_size": p.block_size, "threshold": p.threshold, "growth": p.growth}
+    walk = "".join(f", {k.removeprefix('suffix_')} {v:g}" for k, v in suffix.items())
     return [
-        Method("suffix_cold", "suffix", window, note="suffix drafter, offline index only"),
+        Method("suffix_cold", "suffix", window, note=f"suffix drafter, offline index only{walk}"),
         Method("suffix_warm", "suffix_warm", window,
-               note="suffix drafter, index + the workload's other prompts' outputs"),
-        Method("hybrid_pacer", "hybrid", hybrid, note=f"hybrid: suffix or {pacer_note(p)}"),
+               note=f"suffix drafter, index + the workload's other prompts' outputs{walk}"),
+        Method("hybrid_pacer", "hybrid", hybrid, note=f"hybrid: suffix{walk} or {pacer_note(p)}"),
+        *asd_methods("hybrid_pacer", "hybrid", hybrid, asd, budgets),
     ]
 
 
@@ -160,6 +175,9 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
         return TargetModel(base.model, base.tokenizer, target_taps(ref))
 
     out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
+    if "plain_bf16" in engines:
+        out["plain_bf16"] = Engine(TargetModel.from_pretrained(refs["target"], dtype="bfloat16",
+                                                               device=device))
     if engines & {"main", "no_position", "hybrid"}:
         target = tapped(refs["drafter"])
         drafter = load_drafter(refs["drafter"], target, dtype)

@@ -231,7 +231,7 @@ def test_rho_ablation_runs_the_other_side_of_pacers_own_rho():
     assert bench_methods.rho_ablation(constant, 1.1).growth == 1.1
     for rho_grows, num, den in [(True, "pacer", "pacer_rho_ablation"),
                                 (False, "pacer_rho_ablation", "pacer")]:
-        c = next(c for c in bench_metrics.claims([], [], None, rho_grows) if "rho" in c.title)
+        c = next(c for c in bench_metrics.claims({}, [], None, rho_grows) if "rho" in c.title)
         assert (c.num, c.den) == (num, (den,))
 
 
