@@ -13,6 +13,9 @@ prompts, so an online tree would replay the outputs of the ones before and the l
 compare (the run of 2026-12-01 14:45 measured 17.4 tok/s cold and 38.6 warm at concurrency 1).
 With ``--unbatched``, AR also runs with ``batching.max_batch: 1``
 (each step one request: the engine before continuous batching) at the highest concurrency.
+With ``--engine``, the SD app's engine also runs in this process (``sd_engine``: the same
+models, settings and threads, no Ray or HTTP), one prompt at a time, interleaved with the
+levels: the served path at concurrency 1 against it, and the outputs the served ones must equal.
 Writes ``result.json``, ``result.md`` and ``concurrency.png``.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
@@ -44,6 +47,13 @@ def humaneval_prompts(n: int) -> list[str]:
     return [problems[k]["prompt"] for k in sorted(problems, key=lambda k: int(k.split("/")[1]))[:n]]
 
 
+def prompts_from_file(path: str) -> list[str]:
+    prompts = json.loads(Path(path).read_text())
+    if not (isinstance(prompts, list) and prompts and all(isinstance(p, str) for p in prompts)):
+        raise SystemExit(f"--prompts-file: {path} must hold a non-empty JSON list of strings")
+    return prompts
+
+
 def served_default(config_path: str) -> dict:
     """The app args ``make serve`` serves for this config (the default pair resolved)."""
     from cluster.default_pair import serve_args
@@ -61,6 +71,52 @@ def method_args(sd: dict, unbatched: bool) -> dict[str, dict]:
     if unbatched:
         apps["ar_unbatched"] = ar | {"batching": {**ar.get("batching", {}), "max_batch": 1}}
     return apps
+
+
+def p95(latencies: list[float]) -> float:
+    """The nearest-rank 95th percentile of sorted latencies."""
+    return latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+
+
+class InProcess:
+    """The SD app's engine in this process, without Ray or HTTP: the same models, settings,
+    suffix tree and thread count as its target actor (issue 18: the served path against it)."""
+
+    def __init__(self, args: dict):
+        from cluster.app import resolve_references
+        from cluster.schema import ServeArgs
+        from specdec.engine.engine import Engine
+        from specdec.engine.loading import load_pair
+        from specdec.engine.settings import SpecSettings
+        from specdec.models.suffix import SuffixConfig
+
+        a = resolve_references(ServeArgs.model_validate(args))
+        torch.set_num_threads(a.target_resources.threads)
+        pair = load_pair(a.target, a.drafter, a.preverifier, a.dtype,
+                         suffix=SuffixConfig(**a.suffix.model_dump()), block_drafter=a.block_drafter)
+        self.engine = Engine(pair.target, pair.drafter, pair.preverifier)
+        self.tokenizer = pair.target.tokenizer
+        self.spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
+
+    def complete(self, prompt: str, max_tokens: int) -> dict:
+        from specdec.engine.settings import GenerationParams
+
+        t0 = time.perf_counter()
+        out = self.engine.generate(self.tokenizer(prompt)["input_ids"],
+                                   GenerationParams(max_tokens, spec=self.spec))
+        return {"token_ids": out.token_ids, "latency_s": time.perf_counter() - t0}
+
+
+def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> dict:
+    """One client, prompt after prompt, as concurrency 1 runs them over HTTP."""
+    t0 = time.perf_counter()
+    outs = [engine.complete(p, max_tokens) for p in prompts]
+    wall = time.perf_counter() - t0
+    latencies = sorted(o["latency_s"] for o in outs)
+    tokens = sum(len(o["token_ids"]) for o in outs)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "p50_s": statistics.median(latencies), "p95_s": p95(latencies), "mean_batch": None,
+            "token_ids": [o["token_ids"] for o in outs]}
 
 
 def start(apps: dict[str, dict], port: int) -> str:
@@ -104,7 +160,7 @@ def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int)
     tokens = sum(len(o["token_ids"]) for o in outs)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "p50_s": statistics.median(latencies),
-            "p95_s": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))],
+            "p95_s": p95(latencies),
             "mean_batch": in_steps / steps if steps else None,
             "token_ids": [o["token_ids"] for o in outs]}
 
@@ -119,6 +175,8 @@ def summarise(runs: dict) -> dict:
             "mean_batch": statistics.median(r["mean_batch"] for r in rs)
             if all(r["mean_batch"] is not None for r in rs) else None}
     seq = {m: runs[(m, 1)][0]["token_ids"] for m in summary if (m, 1) in runs}
+    if "sd_engine" in seq:  # the engine's outputs are what the served SD app must return
+        seq["sd"] = seq["sd_engine"]
     ar = seq.get("ar")
     checks = {f"{m}@c{c}": {"same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
                             "same_as_ar": all(r["token_ids"] == ar for r in rs)}
@@ -139,6 +197,9 @@ def goals(summary: dict) -> dict:
     if 8 in ar and 1 in ar:
         out["ar_p50_c8_over_c1"] = {"value": ar[8]["p50_s"] / ar[1]["p50_s"], "goal": 2.0,
                                     "lower_is_better": True}
+    if 1 in sd and 1 in summary.get("sd_engine", {}):
+        out["sd_served_c1_over_engine"] = {
+            "value": sd[1]["tokens_per_s"] / summary["sd_engine"][1]["tokens_per_s"], "goal": 0.9}
     for g in out.values():
         better = g["value"] <= g["goal"] if g.get("lower_is_better") else g["value"] >= g["goal"]
         g["met"] = bool(better)
@@ -147,8 +208,9 @@ def goals(summary: dict) -> dict:
 
 def markdown(result: dict) -> str:
     meta, s = result["meta"], result["summary"]
+    source = f"prompts of {meta['prompts_file']}" if meta.get("prompts_file") else "HumanEval prompts"
     lines = [f"Date {meta['date']}, machine: {meta['machine']}. Command: `{meta['command']}`.",
-             f"Served: {meta['served']}. {meta['prompts']} HumanEval prompts, "
+             f"Served: {meta['served']}. {meta['prompts']} {source}, "
              f"{meta['max_tokens']} new tokens, {meta['repeats']} repeats (medians).", "",
              "| method | concurrency | aggregate tok/s | p50 latency s | p95 latency s | mean batch | "
              "same as sequential | same as AR |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -193,27 +255,38 @@ def plot(summary: dict, out: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/serve/local.yaml")
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    ap.add_argument("--prompts-file", help="a JSON list of prompt strings, in place of HumanEval's")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--unbatched", action="store_true")
+    ap.add_argument("--engine", action="store_true",
+                    help="also run the SD app's engine in this process, one prompt at a time "
+                         "(sd_engine: the served path at concurrency 1 against it)")
     ap.add_argument("--port", type=int, default=8012)
     ap.add_argument("--out", default="docs/benchmarks/batching")
     a = ap.parse_args(argv)
+    if a.engine and 1 not in a.concurrency:
+        ap.error("--engine compares with concurrency 1: include 1 in --concurrency")
+    prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval_prompts(a.prompts)
     sd = served_default(a.config)
     apps = method_args(sd, a.unbatched)
     url = start(apps, a.port)
     model = sd.get("model_id") or sd["target"]
-    prompts = humaneval_prompts(a.prompts)
     for name in apps:  # warm-up
         complete(f"{url}/{name}", model, prompts[0], 8)
+    engine = InProcess(apps["sd"]) if a.engine else None
+    if engine is not None:
+        engine.complete(prompts[0], 8)
     top = max(a.concurrency)
-    plan = [(r, c, m) for r in range(a.repeats) for c in a.concurrency for m in apps
-            if m != "ar_unbatched" or c == top]
+    plan = [(r, c, m) for r in range(a.repeats) for c in a.concurrency
+            for m in [*apps, *(["sd_engine"] if engine else [])]
+            if (m != "ar_unbatched" or c == top) and (m != "sd_engine" or c == 1)]
     runs: dict[tuple[str, int], list[dict]] = {}
     for _, c, m in tqdm(plan, desc="levels"):
         runs.setdefault((m, c), []).append(
+            run_in_process(engine, prompts, a.max_tokens) if m == "sd_engine" else
             run_level(f"{url}/{m}", model, prompts, a.max_tokens, c))
     result = summarise(runs)
     result["goals"] = goals(result["summary"])
@@ -223,7 +296,8 @@ def main(argv=None) -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
                    f"torch {torch.__version__}",
         "served": {k: v for k, v in sd.items() if k not in ("api_key",)},
-        "prompts": a.prompts, "max_tokens": a.max_tokens, "repeats": a.repeats}
+        "prompts": len(prompts), "prompts_file": a.prompts_file, "max_tokens": a.max_tokens,
+        "repeats": a.repeats}
     result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}
                       for (m, c), rs in runs.items() for r in rs]
     out = Path(a.out)

@@ -43,6 +43,7 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     import torch
 
     from bench import methods as bm
+    from bench.drift import mean_log_likelihood
     from bench.metrics import pass_at_1, summarise
 
     torch.set_num_threads(cfg.torch_threads)
@@ -63,12 +64,15 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
         scores = pass_at_1(records, decode, cfg.humaneval_timeout_s, cfg.progress)
         for name, score in scores.items():
             summary["humaneval"][name]["pass_at_1"] = score
+    likelihood = mean_log_likelihood(records, plan.prompts, models.hf_model, cfg.progress)
+    for (w, name), value in likelihood.items():
+        summary[w][name]["target_log_likelihood"] = value
     return summary
 
 
 def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, list[dict]]:
-    """The research claims and the issue's goals, evaluated on this run's summary."""
-    from bench.metrics import claims, evaluate, goals
+    """The research claims and the goals (``cfg.goals``), evaluated on this run's summary."""
+    from bench.metrics import claims, default_goals, dtype_claims, evaluate, goals
 
     asd = {m.name: m.approximates for m in plan.methods if m.approximates}
     fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
@@ -81,10 +85,20 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, li
     if dpace is None:
         missing.setdefault("dflash_fixed",
                            f"not measured: no fixed window drafts {gamma} tokens per round")
-    made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0),
-            "goals": goals(asd, fixed, dpace)}
+    made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
+            + dtype_claims(),
+            "goals": default_goals(default_method(plan, summary)) if cfg.goals == "default"
+            else goals(asd, fixed, dpace)}
     return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
             for kind, cs in made.items()}
+
+
+def default_method(plan: Plan, summary: dict) -> str | None:
+    """The fastest lossless method that our engine (so the server) runs: the served default."""
+    from bench.metrics import fastest_lossless
+
+    return fastest_lossless(summary, [m.name for m in plan.methods
+                                      if m.strict and m.engine not in (None, "plain")])
 
 
 def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
@@ -107,6 +121,7 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
     workloads = {w: {"prompts": [p.id for p in plan.prompts if p.workload == w],
                      "methods": per_method} for w, per_method in summary.items()}
     return {"meta": meta, "methods": methods, "not_measured": plan.missing,
+            "fastest_lossless": default_method(plan, summary), "goal_set": cfg.goals,
             "workloads": workloads, **comparisons(cfg, plan, summary)}
 
 
@@ -135,7 +150,8 @@ def log_run(cfg: BenchmarkConfig, results: dict, paths: list[Path], quick: bool)
 
     with start_run(cfg.mlflow, "benchmark-quick" if quick else "benchmark"):
         log_params(cfg.model_dump())
-        keys = ("tokens_per_s", "ratio_to_ar", "mean_accepted_length", "pass_at_1")
+        keys = ("tokens_per_s", "ratio_to_ar", "mean_accepted_length", "pass_at_1",
+                "target_log_likelihood")
         mlflow.log_metrics({f"{w}.{name}.{k}": m[k] for w, x in results["workloads"].items()
                             for name, m in x["methods"].items() for k in keys
                             if m.get(k) is not None})

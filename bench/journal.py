@@ -21,7 +21,7 @@ from bench.methods import Record
 from specdec.engine.stats import RequestStats
 from specdec.models.sources import content_hash
 
-IGNORED = {"out_dir", "quick_out_dir", "progress", "mlflow"}  # do not change the numbers
+IGNORED = {"out_dir", "quick_out_dir", "progress", "mlflow", "goals"}  # do not change the numbers
 
 
 def fingerprint(config: dict, prompt_ids: list[str], inputs: dict | None = None) -> str:

@@ -20,6 +20,9 @@ Definitions, used everywhere in the results:
   that prompt and repeat; a strict (lossless) method must reach 1.0.
 - pass@1: the share of repeat-0 HumanEval replies that pass the problem's tests (greedy, so one
   sample per problem).
+- target log-likelihood: the target's mean log-probability per generated token of the method's
+  repeat-0 outputs (``bench.drift``); ``ar``'s is the lossless reference.
+- draft sources: rounds by the drafter that proposed them (suffix / block, the hybrid's mix).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def engine_counts(records: list[Record]) -> dict:
         "target_passes_per_100_tokens": 100 * sum(s.target_passes for s in first) / max(committed, 1),
         "acceptance_at": [at_a[i] / at_d[i] for i in range(len(at_d))],
         "draft_lengths": {int(k): v for k, v in sorted(lengths.items())},
+        "draft_sources": dict(sorted(sum((s.draft_sources for s in first), Counter()).items())),
         "time_share": shares,
         "regret_per_request": sum(s.regret_spent for s in first) / max(len(first), 1),
         "exceptions_per_request": sum(s.exceptions for s in first) / max(len(first), 1),
@@ -194,6 +198,38 @@ def claims(asd_methods: dict[str, str], fixed_methods: list[str], dpace_fixed: s
         out.append(Comparison(f"{m} vs {strict} strict: HumanEval pass@1 (points)", "pass_at_1",
                               m, (strict,), ("humaneval",), points=True))
     return out
+
+
+def fastest_lossless(summary: dict, candidates: list[str]) -> str | None:
+    """The candidate (strict methods of our engine) with the highest geometric mean of its
+    ratios to ``ar`` over the workloads, measured on every one of them; None if none was."""
+    def score(name: str) -> float | None:
+        ratios = [w.get(name, {}).get("ratio_to_ar") for w in summary.values()]
+        if not ratios or any(r is None or r <= 0 for r in ratios):
+            return None
+        return statistics.geometric_mean(ratios)
+
+    scored = {name: score(name) for name in candidates}
+    scored = {k: v for k, v in scored.items() if v is not None}
+    return max(scored, key=scored.get) if scored else None
+
+
+def default_goals(default: str | None) -> list[Comparison]:
+    """Issue 18's goals for the served default, the fastest lossless method of the run."""
+    tps, name = "tokens_per_s", default or "(no lossless method)"
+    return [
+        Comparison(f"the default ({name}) >= 2.5x AR on HumanEval", tps, name, ("ar",),
+                   ("humaneval",), 2.5),
+        Comparison(f"the default ({name}) >= 1.8x AR on chat", tps, name, ("ar",),
+                   ("sharegpt",), 1.8),
+        Comparison(f"the default ({name}) >= 3x HF generate (float32)", tps, name,
+                   ("hf_generate",), minimum=3.0),
+    ]
+
+
+def dtype_claims() -> list[Comparison]:
+    return [Comparison("our AR in bfloat16 vs float32: tokens/s", "tokens_per_s", "ar_bf16",
+                       ("ar",))]
 
 
 def goals(asd_methods: dict[str, str], fixed_methods: list[str], dpace_fixed: str | None) -> list[Comparison]:

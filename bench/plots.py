@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 MAIN = ("ngram", "fixed_4", "heuristic", "pacer", "pacer_no_position", "pacer_rho_ablation",
-        "dflash_fixed")
+        "dflash_fixed", "suffix_cold", "suffix_warm", "hybrid_pacer")
 
 
 def _axes(n: int, width: float = 5.0):
@@ -67,25 +67,52 @@ def draft_length_figure(summary: dict):
     return fig
 
 
-def asd_frontier_figure(summary: dict, asd_methods: list[str]):
-    """tokens/s against quality for PACER strict and each ASD budget: HumanEval pass@1, and
-    per workload the share of outputs equal to AR's."""
-    fig, axes = _axes(1 + len(summary))
-    points = ["ar", "pacer", *asd_methods]
-    he = summary.get("humaneval", {})
+def _scatter(ax, per_method: dict, points: list[str], key: str) -> None:
     for m in points:
-        if he.get(m, {}).get("pass_at_1") is not None:
-            axes[0].plot(he[m]["tokens_per_s"], he[m]["pass_at_1"], "o")
-            axes[0].annotate(m, (he[m]["tokens_per_s"], he[m]["pass_at_1"]), fontsize=7)
+        y = per_method.get(m, {}).get(key)
+        if y is not None:
+            x = per_method[m]["tokens_per_s"]
+            ax.plot(x, y, "o")
+            ax.annotate(m, (x, y), fontsize=7)
+
+
+def asd_frontier_figure(summary: dict, asd_methods: list[str]):
+    """tokens/s against quality for each ASD budget and the strict method it approximates:
+    HumanEval pass@1, and per workload the share of outputs equal to AR's and the target's
+    mean log-likelihood per token of the outputs."""
+    strict = [m.split("_asd_")[0] for m in asd_methods]
+    points = list(dict.fromkeys(["ar", *strict, *asd_methods]))
+    fig, axes = _axes(1 + 2 * len(summary), width=4.2)
+    _scatter(axes[0], summary.get("humaneval", {}), points, "pass_at_1")
     axes[0].set(xlabel="tokens/s", ylabel="pass@1", title="HumanEval: speed vs pass@1")
-    for ax, (w, per_method) in zip(axes[1:], summary.items(), strict=True):
-        for m in points:
-            if m in per_method:
-                x, y = per_method[m]["tokens_per_s"], per_method[m]["same_as_ar"]
-                ax.plot(x, y, "o")
-                ax.annotate(m, (x, y), fontsize=7)
-        ax.set(xlabel="tokens/s", ylabel="share of outputs equal to AR", ylim=(-0.05, 1.05),
-               title=f"{w}: speed vs fidelity")
+    for i, (w, per_method) in enumerate(summary.items()):
+        same, likely = axes[1 + 2 * i], axes[2 + 2 * i]
+        _scatter(same, per_method, points, "same_as_ar")
+        same.set(xlabel="tokens/s", ylabel="share of outputs equal to AR", ylim=(-0.05, 1.05),
+                 title=f"{w}: speed vs fidelity")
+        _scatter(likely, per_method, points, "target_log_likelihood")
+        likely.set(xlabel="tokens/s", ylabel="target log-likelihood / token",
+                   title=f"{w}: speed vs drift")
+    fig.tight_layout()
+    return fig
+
+
+def draft_source_figure(summary: dict):
+    """The share of rounds each draft source proposed, per method that mixes sources."""
+    fig, axes = _axes(len(summary))
+    for ax, (w, per_method) in zip(axes, summary.items(), strict=True):
+        mixed = {m: x["draft_sources"] for m, x in per_method.items() if x.get("draft_sources")}
+        kinds = sorted({k for mix in mixed.values() for k in mix})
+        bottom = [0.0] * len(mixed)
+        for kind in kinds:
+            shares = [mix.get(kind, 0) / sum(mix.values()) for mix in mixed.values()]
+            ax.bar(range(len(mixed)), shares, bottom=bottom, label=kind)
+            bottom = [b + x for b, x in zip(bottom, shares, strict=True)]
+        ax.set_xticks(range(len(mixed)))
+        ax.set_xticklabels(list(mixed), rotation=45, ha="right", fontsize=7)
+        ax.set(ylabel="share of rounds", ylim=(0, 1.05), title=f"{w}: draft sources")
+        if kinds:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -94,4 +121,5 @@ def figures(summary: dict, asd_methods: list[str]) -> dict:
     """file stem -> figure."""
     return {"speedup": speedup_figure(summary), "acceptance_per_position": acceptance_figure(summary),
             "draft_lengths": draft_length_figure(summary),
-            "asd_frontier": asd_frontier_figure(summary, asd_methods)}
+            "asd_frontier": asd_frontier_figure(summary, asd_methods),
+            "draft_sources": draft_source_figure(summary)}

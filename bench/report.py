@@ -52,7 +52,7 @@ def _pct(x) -> str:
 
 COLUMNS = ("method | tokens/s | vs ar | best-of-repeats tok/s | mean acc. len | "
            "target passes /100 tok | drafter | pre-verifier | target | overhead | peak RSS MB | "
-           "same as ar | regret /req | pass@1")
+           "same as ar | target log-lik./tok | regret /req | pass@1 | draft sources (rounds)")
 
 
 def method_row(name: str, m: dict) -> str:
@@ -62,9 +62,18 @@ def method_row(name: str, m: dict) -> str:
              _num(m.get("target_passes_per_100_tokens"), ".1f"),
              _pct(share.get("drafter")), _pct(share.get("preverifier")), _pct(share.get("target")),
              _pct(share.get("overhead")), _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
+             _num(m.get("target_log_likelihood"), ".4f"),
              _num(m.get("regret_per_request")) if not m["strict"] else "-",
-             _pct(m.get("pass_at_1"))]
+             _pct(m.get("pass_at_1")), sources(m.get("draft_sources"))]
     return "| " + " | ".join(cells) + " |"
+
+
+def sources(mix: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in mix.items()) if mix else "-"
+
+
+GOAL_SETS = {"pacer": "issue 5: PACER on the block drafter",
+             "default": "issue 18: the served default"}
 
 
 def workload_table(name: str, w: dict) -> list[str]:
@@ -124,5 +133,10 @@ def markdown(results: dict) -> str:
     for name, w in results["workloads"].items():
         lines += workload_table(name, w)
     lines += ["## Research claims", ""] + comparison_rows(results["claims"], goal=False)
-    lines += ["", "## Goals (issue 5)", ""] + comparison_rows(results["goals"], goal=True)
+    if results.get("fastest_lossless"):
+        lines += ["", "## The fastest lossless method", "",
+                  f"`{results['fastest_lossless']}`: the strict method of our engine with the "
+                  "highest geometric mean of its tokens/s ratios to `ar` over the workloads."]
+    goal_set = GOAL_SETS[results.get("goal_set", "pacer")]
+    lines += ["", f"## Goals ({goal_set})", ""] + comparison_rows(results["goals"], goal=True)
     return "\n".join(lines) + "\n"

@@ -69,7 +69,8 @@ def test_writes_results_plots_and_an_mlflow_run(results, env):
     out = env / "out"
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["workloads"].keys() == {"humaneval", "sharegpt"}
-    for stem in ("speedup", "acceptance_per_position", "draft_lengths", "asd_frontier"):
+    for stem in ("speedup", "acceptance_per_position", "draft_lengths", "asd_frontier",
+                 "draft_sources"):
         assert (out / f"{stem}.png").stat().st_size > 1000
     md = (out / "results.md").read_text()
     assert "### humaneval (2 prompts)" in md and "| pacer |" in md and "## Goals" in md
@@ -120,6 +121,63 @@ def test_metrics_are_consistent(results):
     assert he["pacer_asd_2"]["regret_per_request"] >= 0
     for m in he.values():  # each prompt's fastest call beats every whole repeat
         assert m["tokens_per_s_best"] >= max(m["tokens_per_s_repeats"]) * (1 - 1e-9)
+
+
+def test_each_output_is_scored_by_the_target(results):
+    for w, x in results["workloads"].items():
+        methods = x["methods"]
+        ar = methods["ar"]["target_log_likelihood"]
+        assert ar < 0, w
+        for name, m in methods.items():  # the same tokens score the same
+            if m["strict"]:
+                assert m["target_log_likelihood"] == pytest.approx(ar, abs=1e-9), (w, name)
+        assert methods["ar_bf16"]["target_log_likelihood"] is not None
+        assert sum(methods["hybrid_pacer"]["draft_sources"].values()) > 0
+
+
+def test_the_log_likelihood_of_greedy_tokens_is_each_steps_maximum(tiny_llama):
+    import torch
+
+    from bench.drift import token_log_likelihoods
+    from specdec.models.target import TargetModel
+
+    model = TargetModel.from_pretrained(tiny_llama["target"], dtype="float64",
+                                        backend="transformers").model
+    prompt = [5, 17, 99, 3]
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                             min_new_tokens=6, eos_token_id=None)
+        tokens = out[0, len(prompt):].tolist()
+        logp = torch.log_softmax(model(out).logits[0, len(prompt) - 1: -1], dim=-1)
+    picked = token_log_likelihoods(model, prompt, tokens)
+    assert picked == pytest.approx(logp.max(dim=-1).values.tolist(), abs=1e-9)
+    other = [(tokens[0] + 1) % logp.shape[-1]]  # not the greedy first token: less likely
+    assert token_log_likelihoods(model, prompt, other)[0] < picked[0]
+
+
+def test_asd_is_compared_with_the_strict_method_it_approximates(results):
+    rows = {(r["title"], r["workload"]): r for r in results["claims"]}
+    for asd, strict in [("pacer_asd_2", "pacer"), ("hybrid_pacer_asd_4", "hybrid_pacer")]:
+        row = rows[(f"{asd} vs {strict} strict: tokens/s", "humaneval")]
+        assert row["denominator"] == strict and row["value"] is not None
+    assert results["methods"]["hybrid_pacer_asd_4"]["settings"]["verify"] == "asd"
+
+
+def test_the_default_is_the_fastest_lossless_method_on_every_workload():
+    summary = {"humaneval": {"ar": {"ratio_to_ar": 1.0}, "a": {"ratio_to_ar": 3.0},
+                             "b": {"ratio_to_ar": 2.0}, "c": {"ratio_to_ar": 9.0}},
+               "sharegpt": {"ar": {"ratio_to_ar": 1.0}, "a": {"ratio_to_ar": 1.0},
+                            "b": {"ratio_to_ar": 1.6}}}  # c: not measured on chat
+    assert bench_metrics.fastest_lossless(summary, ["a", "b", "c"]) == "b"  # sqrt 3.2 > sqrt 3
+    assert bench_metrics.fastest_lossless(summary, ["c"]) is None
+    for tps in ({"humaneval": 30.0, "sharegpt": 20.0}, {"humaneval": 10.0, "sharegpt": 10.0}):
+        have = {w: {"ar": {"tokens_per_s": 10.0}, "hf_generate": {"tokens_per_s": 8.0},
+                    "b": {"tokens_per_s": tps[w]}} for w in tps}
+        rows = [r for c in bench_metrics.default_goals("b")
+                for r in bench_metrics.evaluate(c, have, {})]
+        assert [r["workload"] for r in rows] == ["humaneval", "sharegpt", "humaneval", "sharegpt"]
+        assert [r["passed"] for r in rows] == ([True, True, True, False] if tps["humaneval"] == 30
+                                               else [False, False, False, False])
 
 
 def test_best_of_repeats_takes_each_prompts_fastest_call():
