@@ -70,11 +70,18 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     return summary
 
 
-def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, list[dict]]:
-    """The research claims and the goals (``cfg.goals``), evaluated on this run's summary."""
+def approximations(plan: Plan) -> dict[str, str]:
+    """ASD method -> the strict method it approximates."""
+    return {m.name: m.approximates for m in plan.methods if m.approximates}
+
+
+def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
+                default: str | None) -> dict[str, list[dict]]:
+    """The research claims and the goals (``cfg.goals``; ``default``: the fastest lossless
+    method), evaluated on this run's summary."""
     from bench.metrics import claims, default_goals, dtype_claims, evaluate, goals
 
-    asd = {m.name: m.approximates for m in plan.methods if m.approximates}
+    asd = approximations(plan)
     fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
     # D-PACE's side of the loss comparison: the fixed window that drafts as many tokens per
     # round as dflash_fixed does (B - 1, the engine caps longer windows at that)
@@ -87,7 +94,7 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict) -> dict[str, li
                            f"not measured: no fixed window drafts {gamma} tokens per round")
     made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
             + dtype_claims(),
-            "goals": default_goals(default_method(plan, summary)) if cfg.goals == "default"
+            "goals": default_goals(default) if cfg.goals == "default"
             else goals(asd, fixed, dpace)}
     return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
             for kind, cs in made.items()}
@@ -120,12 +127,13 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                for m in plan.methods}
     workloads = {w: {"prompts": [p.id for p in plan.prompts if p.workload == w],
                      "methods": per_method} for w, per_method in summary.items()}
+    default = default_method(plan, summary)
     return {"meta": meta, "methods": methods, "not_measured": plan.missing,
-            "fastest_lossless": default_method(plan, summary), "goal_set": cfg.goals,
-            "workloads": workloads, **comparisons(cfg, plan, summary)}
+            "fastest_lossless": default, "goal_set": cfg.goals,
+            "workloads": workloads, **comparisons(cfg, plan, summary, default)}
 
 
-def write_outputs(results: dict, asd_methods: list[str], out_dir: Path) -> list[Path]:
+def write_outputs(results: dict, asd_methods: dict[str, str], out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from bench.plots import figures
@@ -163,8 +171,7 @@ def run(cfg: BenchmarkConfig, command: str = "", quick: bool = False) -> dict:
     plan = check(cfg)
     summary = measure_all(cfg, plan)
     results = results_dict(cfg, plan, summary, command, quick)
-    asd = [m.name for m in plan.methods if m.approximates]
-    paths = write_outputs(results, asd, Path(cfg.out_dir))
+    paths = write_outputs(results, approximations(plan), Path(cfg.out_dir))
     log_run(cfg, results, paths, quick)
     return results
 

@@ -76,12 +76,11 @@ def _scatter(ax, per_method: dict, points: list[str], key: str) -> None:
             ax.annotate(m, (x, y), fontsize=7)
 
 
-def asd_frontier_figure(summary: dict, asd_methods: list[str]):
+def asd_frontier_figure(summary: dict, asd_methods: dict[str, str]):
     """tokens/s against quality for each ASD budget and the strict method it approximates:
     HumanEval pass@1, and per workload the share of outputs equal to AR's and the target's
     mean log-likelihood per token of the outputs."""
-    strict = [m.split("_asd_")[0] for m in asd_methods]
-    points = list(dict.fromkeys(["ar", *strict, *asd_methods]))
+    points = list(dict.fromkeys(["ar", *asd_methods.values(), *asd_methods]))
     fig, axes = _axes(1 + 2 * len(summary), width=4.2)
     _scatter(axes[0], summary.get("humaneval", {}), points, "pass_at_1")
     axes[0].set(xlabel="tokens/s", ylabel="pass@1", title="HumanEval: speed vs pass@1")
@@ -117,8 +116,8 @@ def draft_source_figure(summary: dict):
     return fig
 
 
-def figures(summary: dict, asd_methods: list[str]) -> dict:
-    """file stem -> figure."""
+def figures(summary: dict, asd_methods: dict[str, str]) -> dict:
+    """file stem -> figure. ``asd_methods``: ASD method -> the strict method it approximates."""
     return {"speedup": speedup_figure(summary), "acceptance_per_position": acceptance_figure(summary),
             "draft_lengths": draft_length_figure(summary),
             "asd_frontier": asd_frontier_figure(summary, asd_methods),
