@@ -5,8 +5,9 @@ states) from references and wraps ``specdec.engine.workers.DraftWorker``, the sa
 single-process engine runs. Per-request drafter state is keyed by request id and freed on
 finish, error, cancel or idle TTL. One call per round: commit the previous round's result
 (if any), then draft the next one. Concurrent calls are batched by a ``DraftScheduler``: the
-rounds of every waiting request run as one step (block-drafter forwards batched). It knows
-nothing about Ray or HTTP.
+rounds of every waiting request run as one step (block-drafter forwards batched); the models
+load, and every open and round runs, on its thread alone (``actors.scheduler``: one model
+thread). It knows nothing about Ray or HTTP.
 """
 
 from __future__ import annotations
@@ -43,25 +44,25 @@ class DrafterActor(RequestHost):
             resolve_model_ref(r) for r in (drafter_ref, target_ref, preverifier_ref))
         # suffix / hybrid: a restarted actor starts again from the offline index
         suffix_config = SuffixConfig(**suffix) if suffix else None
-        drafter = load_drafter_side(drafter_ref, target_ref, dtype, device, suffix_config,
-                                    block_drafter, preverifier_ref)
-        if drafter is None:
-            raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
-        self.worker = DraftWorker(drafter, load_preverifier(preverifier_ref, drafter))
+
+        def build() -> DraftWorker:  # on the scheduler's thread, the one model thread
+            drafter = load_drafter_side(drafter_ref, target_ref, dtype, device, suffix_config,
+                                        block_drafter, preverifier_ref)
+            if drafter is None:
+                raise ValueError("a drafter actor needs a drafter; serve drafter=none without one")
+            return DraftWorker(drafter, load_preverifier(preverifier_ref, drafter))
+
+        self.scheduler = DraftScheduler(build, BatchingConfig.from_dict(batching))
+        self.worker = self.scheduler.worker
         self.leases = Leases(idle_ttl_s)
-        self.scheduler = DraftScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> DrafterInfo:
         return DrafterInfo(self.worker.draft_model.vocab_size, torch.get_num_threads())
 
     def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
         self.sweep()
-        self._guarded(rid, self._open, rid, prompt_ids, features, params)
-
-    def _open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
-        with self.scheduler.model_lock:
-            self.worker.open({rid: OpenRequest(prompt_ids, params)}, {rid: features})
-        self.scheduler.opened(rid)
+        future = self.scheduler.open(rid, OpenRequest(prompt_ids, params), features)
+        self._guarded(rid, future.result)
 
     def draft(self, rid: str, limit: int, commit: Commit | None = None) -> Draft:
         """Commit the previous round (when given), then draft up to ``limit`` tokens."""

@@ -10,8 +10,9 @@ Requests join and leave between steps. The two schedulers differ in what a step 
   then prefills in arrival order; a long prompt is cut into chunks, so it never stalls the
   running requests for more than one bounded step; an item left out of a step goes first in
   the next, so no request waits more than one step behind a newer one.
-- ``DraftScheduler``: commit the previous rounds and draft the next ones of all queued
-  requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter forwards batched).
+- ``DraftScheduler``: start new requests, then commit the previous rounds and draft the next
+  ones of all queued requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter
+  forwards batched).
 
 *Gathering*: a step starts once every running request has work queued, or when ``max_batch``
 items are queued, or once the gathering window has passed (a running request may be away:
@@ -30,6 +31,14 @@ A ``close`` takes a request out at once: its queued items fail with ``Closed``, 
 freed as soon as the step in flight (if any) ends, and later items of it are refused. The
 worker's state is only touched under ``model_lock`` (steps, admissions, closes), so the
 actors' control reads never race a step. Nothing here knows Ray.
+
+*One model thread*: the scheduler thread builds the worker (loads the model) and runs every
+step and every open; no other thread of the actor runs model work. PyTorch's CPU kernels run
+on OpenMP, which gives each thread that starts parallel work a team of its own, and libgomp
+cuts its idle threads' spin-wait to almost nothing once the process holds more OpenMP threads
+than cores: a second model thread made every forward ~1.7x slower on the 2-core machine
+(docs/BENCHMARKS.md, 2026-12-01: the served target's verify took 110 ms a round against 58 ms
+in one thread).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,12 +142,14 @@ class Work:
 
 class BatchLoop:
     """The queue, the gathering rule, closes and the scheduler thread; subclasses say what a
-    step does (``plan`` which items run and how far, ``execute`` them on the worker)."""
+    step does (``plan`` which items run and how far, ``execute`` them on the worker).
+    ``build`` makes the worker; it runs on the scheduler thread (see *One model thread*), and
+    the constructor returns once it has, raising what it raised."""
 
     name = "batch-loop"
 
-    def __init__(self, worker, config: BatchingConfig):
-        self.worker, self.config = worker, config
+    def __init__(self, build: Callable[[], Any], config: BatchingConfig):
+        self.config = config
         self.cond = threading.Condition()
         self.model_lock = threading.Lock()
         self.queue: list[Work] = []
@@ -148,8 +160,11 @@ class BatchLoop:
         self.last_step_s = 0.0  # the duration of the last step (it sets the gathering window)
         self.last_step_end = 0.0  # when it ended (perf_counter): the window counts from here
         self.stopped = False
-        self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        built: Future = Future()
+        self.thread = threading.Thread(target=self._run, args=(build, built), name=self.name,
+                                       daemon=True)
         self.thread.start()
+        self.worker = built.result()
 
     # ---- the actor's side -------------------------------------------------------------------
     def submit(self, rid: str, payload) -> Future:
@@ -189,6 +204,15 @@ class BatchLoop:
             self.cond.notify()
 
     # ---- the scheduler thread ---------------------------------------------------------------
+    def _run(self, build: Callable[[], Any], built: Future) -> None:
+        try:
+            self.worker = build()
+        except BaseException as e:  # noqa: BLE001 -- the constructor raises it
+            built.set_exception(e)
+            return
+        built.set_result(self.worker)
+        self._loop()
+
     def _loop(self) -> None:
         while True:
             with self.cond:
@@ -360,24 +384,33 @@ class DraftCall:
     commit: tuple[RoundResult, int] | None  # (result, draft length of that round)
 
 
+@dataclass(frozen=True)
+class DraftOpen:
+    """A request's start on the drafter: its prompt and the target's features of it."""
+
+    request: OpenRequest
+    features: Any  # [len(prompt) - 1, F] tensor for a block drafter, else None
+
+
 class DraftScheduler(BatchLoop):
-    """Steps of many requests' drafter rounds: commits first, then one batched draft."""
+    """Steps of many requests' drafter rounds: opens first (each alone: one bad request fails
+    only itself), then commits, then one batched draft."""
 
     name = "draft-scheduler"
     worker: DraftWorker
 
+    def open(self, rid: str, request: OpenRequest, features) -> Future:
+        return self.submit(rid, DraftOpen(request, features))
+
     def draft(self, rid: str, call: DraftCall) -> Future:
         return self.submit(rid, call)
-
-    def opened(self, rid: str) -> None:
-        with self.cond:
-            if rid not in self.closed:
-                self.running.add(rid)
 
     def execute(self, batch: list[tuple[Work, int]]) -> dict:
         results, calls = {}, {}
         for w, _ in batch:
-            if w.rid not in self.worker.requests:
+            if isinstance(w.payload, DraftOpen):
+                results[w.rid] = self._open(w.rid, w.payload)
+            elif w.rid not in self.worker.requests:
                 results[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
             else:
                 calls[w.rid] = w.payload
@@ -390,6 +423,13 @@ class DraftScheduler(BatchLoop):
                 value = drafts.get(rid, Draft([], None))
                 results[rid] = value if isinstance(value, Exception) else (value, 0)
         return results
+
+    def _open(self, rid: str, call: DraftOpen):
+        try:
+            self.worker.open({rid: call.request}, {rid: call.features})
+        except Exception as e:  # noqa: BLE001 -- this request only
+            return e
+        return None, 0
 
     def _commit(self, commits: dict) -> dict[str, Exception]:
         """One batched commit (it checks every request before it changes any); should it fail,

@@ -7,7 +7,8 @@ idle TTL, and returns only token ids, stats and a few feature rows (never logits
 
 Calls run concurrently (Ray gives the actor a thread per call in flight); each submits its
 work to the ``TargetScheduler``, which verifies every waiting request's draft (and prefills
-new prompts, chunked) in one ragged forward: continuous batching.
+new prompts, chunked) in one ragged forward: continuous batching. The model loads and runs on
+the scheduler's thread alone (``actors.scheduler``: one model thread).
 It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
 """
 
@@ -59,10 +60,14 @@ class TargetActor(RequestHost):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
-        target = load_target(target_ref, drafter_ref, dtype, device, kv_slots)
-        self.worker = TargetWorker(target, features=bool(target_taps(drafter_ref)))
+
+        def build() -> TargetWorker:  # on the scheduler's thread, the one model thread
+            target = load_target(target_ref, drafter_ref, dtype, device, kv_slots)
+            return TargetWorker(target, features=bool(target_taps(drafter_ref)))
+
+        self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching))
+        self.worker = self.scheduler.worker
         self.leases = Leases(idle_ttl_s)
-        self.scheduler = TargetScheduler(self.worker, BatchingConfig.from_dict(batching))
 
     def info(self) -> TargetInfo:
         t = self.worker.target_model

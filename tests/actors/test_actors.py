@@ -58,6 +58,32 @@ def test_actors_give_engine_tokens(tiny_llama, drafter_name):
     assert target.active() == [] and drafter.active() == []
 
 
+def test_model_work_runs_on_each_actors_scheduler_thread(tiny_llama):
+    # one model thread per actor (actors.scheduler): opens, steps, commits and drafts alike
+    import threading
+
+    ref = tiny_llama["block-drafter"]
+    target = TargetActor(tiny_llama["target"], ref, "float64")
+    drafter = DrafterActor(ref, tiny_llama["target"], dtype="float64")
+    seen: dict[str, set] = {"target": set(), "drafter": set()}
+
+    def record(side: str, obj, name: str) -> None:
+        fn = getattr(obj, name)
+
+        def wrapped(*args, **kwargs):
+            seen[side].add(threading.current_thread())
+            return fn(*args, **kwargs)
+
+        setattr(obj, name, wrapped)
+
+    record("target", target.worker, "step")
+    for name in ("open", "commit_batch", "draft_batch"):
+        record("drafter", drafter.worker, name)
+    ids = target.worker.target_model.tokenizer("abc abc abc")["input_ids"]
+    assert run_rounds(target, drafter, ids, GenerationParams(max_new_tokens=12))
+    assert seen == {"target": {target.scheduler.thread}, "drafter": {drafter.scheduler.thread}}
+
+
 def test_an_error_frees_the_request(tiny_llama):
     target = TargetActor(tiny_llama["target"], "ngram", "float64")
     target.open("r", [1, 2, 3], GenerationParams())

@@ -4,6 +4,7 @@ running requests. A loop whose step sleeps a known time stands in for a model, s
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -28,8 +29,8 @@ class Sleeper(BatchLoop):
 
     name = "sleeper"
 
-    def __init__(self, config: BatchingConfig):
-        super().__init__(Slots(), config)
+    def __init__(self, config: BatchingConfig, build=Slots):
+        super().__init__(build, config)
         self.done = 0
 
     def execute(self, batch):
@@ -94,3 +95,33 @@ def test_work_queued_during_a_step_waits_for_the_requests_of_that_step():
 def test_a_negative_share_is_refused(share):
     with pytest.raises(ValueError, match="gather_share"):
         BatchingConfig(gather_share=share)
+
+
+def test_the_worker_is_built_and_every_step_runs_on_the_scheduler_thread():
+    # one model thread (actors.scheduler): OpenMP slows every forward once two threads run
+    # model work, so neither the build nor any step may run on a caller's thread
+    seen = []
+
+    class Recorded(Sleeper):
+        def execute(self, batch):
+            seen.append(threading.current_thread())
+            return super().execute(batch)
+
+    def build():
+        seen.append(threading.current_thread())
+        return Slots()
+
+    loop = Recorded(BatchingConfig(), build)
+    try:
+        assert loop.submit("a", None).result(5).value == 1
+        assert seen == [loop.thread, loop.thread]
+    finally:
+        loop.stop()
+
+
+def test_a_failing_build_raises_in_the_constructor():
+    def build():
+        raise FileNotFoundError("no such model")
+
+    with pytest.raises(FileNotFoundError, match="no such model"):
+        BatchLoop(build, BatchingConfig())
