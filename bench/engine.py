@@ -94,10 +94,15 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
                            f"not measured: no fixed window drafts {gamma} tokens per round")
     made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
             + dtype_claims(),
-            "goals": default_goals(default) if cfg.goals == "default"
+            "goals": default_goals(default, reference(plan, default)) if cfg.goals == "default"
             else goals(asd, fixed, dpace)}
     return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
             for kind, cs in made.items()}
+
+
+def reference(plan: Plan, name: str | None) -> str:
+    """The plain decoding that method ``name`` must reproduce (its own dtype's)."""
+    return next((m.reference for m in plan.methods if m.name == name), "ar")
 
 
 def default_method(plan: Plan, summary: dict) -> str | None:

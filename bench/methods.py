@@ -36,9 +36,11 @@ ENGINE_DRAFTERS = {
     "dflash": "the block drafter trained with the DFlash loss",
     "suffix": "the suffix drafter, offline index only (cold: served outputs are not kept)",
     "suffix_warm": "the suffix drafter, index + the target's outputs of the workload's other prompts",
+    "suffix_bf16": "the suffix drafter, offline index only, the target in bfloat16",
     "hybrid": "suffix (offline index only) or the block drafter's PACER draft, per round",
 }
-SUFFIX_ENGINES = {"suffix", "suffix_warm", "hybrid"}
+SUFFIX_ENGINES = {"suffix", "suffix_warm", "suffix_bf16", "hybrid"}
+BF16_ENGINES = {"plain_bf16", "suffix_bf16"}  # the target in bfloat16
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class Method:
     name: str
     engine: str | None  # a key of ENGINE_DRAFTERS; None = HF generate
     settings: dict = field(default_factory=dict)  # SpecSettings fields, or HF generation settings
-    strict: bool = True  # lossless: must reproduce ``ar``'s tokens exactly
+    strict: bool = True  # lossless: must reproduce ``reference``'s tokens exactly
+    reference: str = "ar"  # the plain decoding of the same target and dtype
     # the strict method it approximates (ASD: its verifier's strict twin); None for the rest
     approximates: str | None = None
     needs: str | None = None  # the optional config field that names its model
@@ -135,6 +138,9 @@ def suffix_methods(p: PacerSettings, asd: dict, budgets: list[float],
         Method("suffix_cold", "suffix", window, note=f"suffix drafter, offline index only{walk}"),
         Method("suffix_warm", "suffix_warm", window,
                note=f"suffix drafter, index + the workload's other prompts' outputs{walk}"),
+        Method("suffix_cold_bf16", "suffix_bf16", window, reference="ar_bf16",
+               note=f"suffix drafter, offline index only{walk}, the target in bfloat16 "
+                    "(lossless vs ar_bf16)"),
         Method("hybrid_pacer", "hybrid", hybrid, note=f"hybrid: suffix{walk} or {pacer_note(p)}"),
         *asd_methods("hybrid_pacer", "hybrid", hybrid, asd, budgets),
     ]
@@ -175,9 +181,10 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
         return TargetModel(base.model, base.tokenizer, target_taps(ref))
 
     out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
+    bf16 = (TargetModel.from_pretrained(refs["target"], dtype="bfloat16", device=device)
+            if engines & BF16_ENGINES else None)
     if "plain_bf16" in engines:
-        out["plain_bf16"] = Engine(TargetModel.from_pretrained(refs["target"], dtype="bfloat16",
-                                                               device=device))
+        out["plain_bf16"] = Engine(bf16)
     if engines & {"main", "no_position", "hybrid"}:
         target = tapped(refs["drafter"])
         drafter = load_drafter(refs["drafter"], target, dtype)
@@ -189,13 +196,14 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
         target = tapped(refs["drafter_dflash"])
         out["dflash"] = Engine(target, load_drafter(refs["drafter_dflash"], target, dtype))
     if engines & SUFFIX_ENGINES:
-        out |= suffix_engines(refs, engines, base, out.get("main"))
+        out |= suffix_engines(refs, engines, base, out.get("main"), bf16)
     return Models(out, base.model, base.tokenizer, sorted(base.eos_token_ids))
 
 
-def suffix_engines(refs: dict, engines: set[str], base, main) -> dict:
-    """Cold suffix drafters (the offline index only) for suffix, suffix_warm and hybrid; the
-    warm one gets the other prompts' outputs per call (``warm_runner``)."""
+def suffix_engines(refs: dict, engines: set[str], base, main, bf16=None) -> dict:
+    """Cold suffix drafters (the offline index only) for suffix, suffix_warm, suffix_bf16 (on
+    ``bf16``, the target in bfloat16) and hybrid; the warm one gets the other prompts' outputs
+    per call (``warm_runner``)."""
     from specdec.engine.engine import Engine
     from specdec.models.hybrid import HybridDrafter
     from specdec.models.suffix import SuffixConfig, SuffixDrafter
@@ -207,6 +215,8 @@ def suffix_engines(refs: dict, engines: set[str], base, main) -> dict:
         return SuffixDrafter(base.vocab_size, SuffixConfig(online=False), index)
 
     out = {k: Engine(base, cold()) for k in ("suffix", "suffix_warm") if k in engines}
+    if "suffix_bf16" in engines:
+        out["suffix_bf16"] = Engine(bf16, cold())
     if "hybrid" in engines:
         hybrid = HybridDrafter(cold(), main.draft_worker.draft_model, main.draft_worker.preverifier)
         out["hybrid"] = Engine(main.target_worker.target_model, hybrid)

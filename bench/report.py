@@ -81,7 +81,8 @@ def workload_table(name: str, w: dict) -> list[str]:
              "|" + " --- |" * len(COLUMNS.split("|"))]
     lines += [method_row(m, metrics) for m, metrics in w["methods"].items()]
     broken = [m for m, x in w["methods"].items() if x.get("lossless") is False]
-    lines += ["", "Lossless check (strict methods reproduce ar token for token): "
+    lines += ["", "Lossless check (strict methods reproduce the plain decoding of their dtype, "
+              "ar or ar_bf16, token for token): "
               + ("all pass." if not broken else "FAILED for " + ", ".join(broken) + "."), ""]
     return lines
 

@@ -97,11 +97,12 @@ def test_every_strict_method_reproduces_ar(results):
         methods = x["methods"]
         assert {"ar", "hf_generate", "hf_prompt_lookup", "ngram", "fixed_15", "pacer",
                 "pacer_no_position", "pacer_rho_ablation", "pacer_asd_4", "dflash_fixed",
-                "suffix_cold", "suffix_warm", "hybrid_pacer"} <= methods.keys()
+                "suffix_cold", "suffix_warm", "suffix_cold_bf16", "hybrid_pacer"} <= methods.keys()
         for name, m in methods.items():
             assert m["tokens"] > 0, (w, name)
             if m["strict"]:
                 assert m["same_as_ar"] == 1.0 and m["lossless"], (w, name)
+        assert methods["suffix_cold_bf16"]["reference"] == "ar_bf16"
     assert results["not_measured"] == {}
 
 
@@ -126,11 +127,11 @@ def test_metrics_are_consistent(results):
 def test_each_output_is_scored_by_the_target(results):
     for w, x in results["workloads"].items():
         methods = x["methods"]
-        ar = methods["ar"]["target_log_likelihood"]
-        assert ar < 0, w
+        assert methods["ar"]["target_log_likelihood"] < 0, w
         for name, m in methods.items():  # the same tokens score the same
             if m["strict"]:
-                assert m["target_log_likelihood"] == pytest.approx(ar, abs=1e-9), (w, name)
+                ref = methods[m["reference"]]["target_log_likelihood"]
+                assert m["target_log_likelihood"] == pytest.approx(ref, abs=1e-9), (w, name)
         assert methods["ar_bf16"]["target_log_likelihood"] is not None
         assert sum(methods["hybrid_pacer"]["draft_sources"].values()) > 0
 
@@ -178,6 +179,26 @@ def test_the_default_is_the_fastest_lossless_method_on_every_workload():
         assert [r["workload"] for r in rows] == ["humaneval", "sharegpt", "humaneval", "sharegpt"]
         assert [r["passed"] for r in rows] == ([True, True, True, False] if tps["humaneval"] == 30
                                                else [False, False, False, False])
+    # a bfloat16 default is held to bfloat16 AR, its own dtype's plain decoding
+    have = {"humaneval": {"ar": {"tokens_per_s": 10.0}, "ar_bf16": {"tokens_per_s": 20.0},
+                          "b": {"tokens_per_s": 30.0}}}
+    row = bench_metrics.evaluate(bench_metrics.default_goals("b", "ar_bf16")[0], have, {})[0]
+    assert row["denominator"] == "ar_bf16" and row["value"] == pytest.approx(1.5)
+
+
+def test_a_strict_method_is_checked_against_the_plain_decoding_of_its_dtype():
+    def rec(method, tokens):
+        return bench_methods.Record(method, "w", "p", 0, tokens, 1.0, None, None)
+
+    methods = [bench_methods.Method("ar", None), bench_methods.Method("ar_bf16", None, strict=False),
+               bench_methods.Method("sd_bf16", None, reference="ar_bf16"),
+               bench_methods.Method("sd", None)]
+    records = [rec("ar", [1, 2, 3]), rec("ar_bf16", [1, 2, 4]), rec("sd_bf16", [1, 2, 4]),
+               rec("sd", [1, 2, 4])]
+    got = bench_metrics.summarise(records, methods)["w"]
+    assert got["sd_bf16"]["lossless"] and got["sd_bf16"]["reference"] == "ar_bf16"
+    assert not got["sd"]["lossless"]  # float32 SD that decodes bf16 AR's tokens is broken
+    assert got["ar_bf16"]["same_as_ar"] == 0.0 and "lossless" not in got["ar_bf16"]
 
 
 def test_best_of_repeats_takes_each_prompts_fastest_call():
