@@ -104,7 +104,8 @@ class InProcess:
         t0 = time.perf_counter()
         out = self.engine.generate(self.tokenizer(prompt)["input_ids"],
                                    GenerationParams(max_tokens, spec=self.spec))
-        return {"token_ids": out.token_ids, "latency_s": time.perf_counter() - t0}
+        return {"token_ids": out.token_ids, "latency_s": time.perf_counter() - t0,
+                "spec_decode": out.stats.to_dict()}
 
 
 def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> dict:
@@ -116,7 +117,21 @@ def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> di
     tokens = sum(len(o["token_ids"]) for o in outs)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "p50_s": statistics.median(latencies), "p95_s": p95(latencies), "mean_batch": None,
-            "token_ids": [o["token_ids"] for o in outs]}
+            **round_split(outs), "token_ids": [o["token_ids"] for o in outs]}
+
+
+def round_split(outs: list[dict]) -> dict:
+    """Where a round's time goes (SD, from each reply's ``spec_decode`` stats): the target's
+    forward and verification, and the rest (drafter included): actor calls, scheduling, glue.
+    Served at one client against the engine, the rest is what serving adds per round."""
+    stats = [o["spec_decode"] for o in outs if o.get("spec_decode")]
+    rounds = sum(s["rounds"] for s in stats)
+    if not rounds:
+        return {}
+    target = sum(s["time_s"]["target"] for s in stats)
+    total = sum(s["time_s"]["total"] for s in stats)
+    return {"target_ms_per_round": 1e3 * target / rounds,
+            "rest_ms_per_round": 1e3 * (total - target) / rounds}
 
 
 def start(apps: dict[str, dict], port: int) -> str:
@@ -140,7 +155,8 @@ def complete(url: str, model: str, prompt: str, max_tokens: int) -> dict:
     r = requests.post(f"{url}/v1/completions", json=body, timeout=900)
     r.raise_for_status()
     out = r.json()
-    return {"token_ids": out["choices"][0]["token_ids"], "latency_s": time.perf_counter() - t0}
+    return {"token_ids": out["choices"][0]["token_ids"], "latency_s": time.perf_counter() - t0,
+            "spec_decode": out.get("spec_decode")}
 
 
 def batch_totals(url: str) -> dict:
@@ -162,7 +178,7 @@ def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int)
             "p50_s": statistics.median(latencies),
             "p95_s": p95(latencies),
             "mean_batch": in_steps / steps if steps else None,
-            "token_ids": [o["token_ids"] for o in outs]}
+            **round_split(outs), "token_ids": [o["token_ids"] for o in outs]}
 
 
 def summarise(runs: dict) -> dict:
@@ -173,7 +189,8 @@ def summarise(runs: dict) -> dict:
             k: statistics.median(r[k] for r in rs)
             for k in ("tokens_per_s", "p50_s", "p95_s") } | {
             "mean_batch": statistics.median(r["mean_batch"] for r in rs)
-            if all(r["mean_batch"] is not None for r in rs) else None}
+            if all(r["mean_batch"] is not None for r in rs) else None} | {
+            k: statistics.median(r[k] for r in rs) for k in SPLIT if all(k in r for r in rs)}
     seq = {m: runs[(m, 1)][0]["token_ids"] for m in summary if (m, 1) in runs}
     if "sd_engine" in seq:  # the engine's outputs are what the served SD app must return
         seq["sd"] = seq["sd_engine"]
@@ -182,6 +199,9 @@ def summarise(runs: dict) -> dict:
                             "same_as_ar": all(r["token_ids"] == ar for r in rs)}
               for (m, c), rs in runs.items()}
     return {"summary": summary, "checks": checks}
+
+
+SPLIT = ("target_ms_per_round", "rest_ms_per_round")
 
 
 def goals(summary: dict) -> dict:
@@ -213,13 +233,15 @@ def markdown(result: dict) -> str:
              f"Served: {meta['served']}. {meta['prompts']} {source}, "
              f"{meta['max_tokens']} new tokens, {meta['repeats']} repeats (medians).", "",
              "| method | concurrency | aggregate tok/s | p50 latency s | p95 latency s | mean batch | "
-             "same as sequential | same as AR |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "target ms / round | rest ms / round | same as sequential | same as AR |",
+             "|" + " --- |" * 10]
     for method, levels in s.items():
         for c, v in sorted(levels.items()):
             chk = result["checks"][f"{method}@c{c}"]
             batch = "-" if v["mean_batch"] is None else f"{v['mean_batch']:.2f}"
+            split = " | ".join(f"{v[k]:.1f}" if k in v else "-" for k in SPLIT)
             lines.append(f"| {method} | {c} | {v['tokens_per_s']:.2f} | {v['p50_s']:.2f} | "
-                         f"{v['p95_s']:.2f} | {batch} | {chk['same_as_sequential']} | "
+                         f"{v['p95_s']:.2f} | {batch} | {split} | {chk['same_as_sequential']} | "
                          f"{chk['same_as_ar']} |")
     lines += ["", "| goal | measured | target | met |", "| --- | --- | --- | --- |"]
     for name, g in result["goals"].items():

@@ -35,6 +35,10 @@ def test_the_served_path_is_measured_against_the_in_process_engine(tmp_path):
     assert result["meta"]["prompts"] == len(PROMPTS)
     assert (out / "concurrency.png").stat().st_size > 1000
     assert "| sd_engine | 1 |" in (out / "result.md").read_text()
+    # each SD level splits its round time: the target's share and the rest
+    for method in ("sd", "sd_engine"):
+        level = result["summary"][method]["1"]
+        assert level["target_ms_per_round"] > 0 and level["rest_ms_per_round"] >= 0, method
 
 
 def test_a_bad_prompts_file_is_refused(tmp_path):
