@@ -140,7 +140,7 @@ def suffix_methods(p: PacerSettings, asd: dict, budgets: list[float],
                note=f"suffix drafter, index + the workload's other prompts' outputs{walk}"),
         Method("suffix_cold_bf16", "suffix_bf16", window, reference="ar_bf16",
                note=f"suffix drafter, offline index only{walk}, the target in bfloat16 "
-                    "(lossless vs ar_bf16)"),
+                    "(checked against ar_bf16)"),
         Method("hybrid_pacer", "hybrid", hybrid, note=f"hybrid: suffix{walk} or {pacer_note(p)}"),
         *asd_methods("hybrid_pacer", "hybrid", hybrid, asd, budgets),
     ]

@@ -208,9 +208,12 @@ def claims(asd_methods: dict[str, str], fixed_methods: list[str], dpace_fixed: s
 
 def fastest_lossless(summary: dict, candidates: list[str]) -> str | None:
     """The candidate (strict methods of our engine) with the highest geometric mean of its
-    ratios to ``ar`` over the workloads, measured on every one of them; None if none was."""
+    ratios to ``ar`` over the workloads, measured on every one of them and lossless on every
+    one (its outputs equal its reference's); None if none was."""
     def score(name: str) -> float | None:
-        ratios = [w.get(name, {}).get("ratio_to_ar") for w in summary.values()]
+        if not all(w.get(name, {}).get("lossless") for w in summary.values()):
+            return None
+        ratios = [w[name].get("ratio_to_ar") for w in summary.values()]
         if not ratios or any(r is None or r <= 0 for r in ratios):
             return None
         return statistics.geometric_mean(ratios)

@@ -117,8 +117,12 @@ def draft_source_figure(summary: dict):
 
 
 def figures(summary: dict, asd_methods: dict[str, str]) -> dict:
-    """file stem -> figure. ``asd_methods``: ASD method -> the strict method it approximates."""
-    return {"speedup": speedup_figure(summary), "acceptance_per_position": acceptance_figure(summary),
-            "draft_lengths": draft_length_figure(summary),
-            "asd_frontier": asd_frontier_figure(summary, asd_methods),
-            "draft_sources": draft_source_figure(summary)}
+    """file stem -> figure. ``asd_methods``: ASD method -> the strict method it approximates.
+    The ASD frontier needs an ASD method, the draft-source mix a method that mixes sources."""
+    out = {"speedup": speedup_figure(summary), "acceptance_per_position": acceptance_figure(summary),
+           "draft_lengths": draft_length_figure(summary)}
+    if asd_methods:
+        out["asd_frontier"] = asd_frontier_figure(summary, asd_methods)
+    if any(len(x.get("draft_sources") or {}) > 1 for w in summary.values() for x in w.values()):
+        out["draft_sources"] = draft_source_figure(summary)
+    return out

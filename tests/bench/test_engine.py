@@ -165,12 +165,15 @@ def test_asd_is_compared_with_the_strict_method_it_approximates(results):
 
 
 def test_the_default_is_the_fastest_lossless_method_on_every_workload():
-    summary = {"humaneval": {"ar": {"ratio_to_ar": 1.0}, "a": {"ratio_to_ar": 3.0},
-                             "b": {"ratio_to_ar": 2.0}, "c": {"ratio_to_ar": 9.0}},
-               "sharegpt": {"ar": {"ratio_to_ar": 1.0}, "a": {"ratio_to_ar": 1.0},
-                            "b": {"ratio_to_ar": 1.6}}}  # c: not measured on chat
-    assert bench_metrics.fastest_lossless(summary, ["a", "b", "c"]) == "b"  # sqrt 3.2 > sqrt 3
-    assert bench_metrics.fastest_lossless(summary, ["c"]) is None
+    ok = {"lossless": True}
+    summary = {"humaneval": {"ar": {"ratio_to_ar": 1.0}, "a": {"ratio_to_ar": 3.0, **ok},
+                             "b": {"ratio_to_ar": 2.0, **ok}, "c": {"ratio_to_ar": 9.0, **ok},
+                             "d": {"ratio_to_ar": 9.0, **ok}},
+               "sharegpt": {"ar": {"ratio_to_ar": 1.0}, "a": {"ratio_to_ar": 1.0, **ok},
+                            "b": {"ratio_to_ar": 1.6, **ok},  # c: not measured on chat
+                            "d": {"ratio_to_ar": 9.0, "lossless": False}}}  # d: broken
+    assert bench_metrics.fastest_lossless(summary, ["a", "b", "c", "d"]) == "b"  # √3.2 > √3
+    assert bench_metrics.fastest_lossless(summary, ["c", "d"]) is None
     for tps in ({"humaneval": 30.0, "sharegpt": 20.0}, {"humaneval": 10.0, "sharegpt": 10.0}):
         have = {w: {"ar": {"tokens_per_s": 10.0}, "hf_generate": {"tokens_per_s": 8.0},
                     "b": {"tokens_per_s": tps[w]}} for w in tps}
