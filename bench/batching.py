@@ -147,10 +147,13 @@ def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> di
             **round_split(outs), "token_ids": [o["token_ids"] for o in outs]}
 
 
+SPLIT = ("target_ms_per_round", "rest_ms_per_round")
+
+
 def round_split(outs: list[dict]) -> dict:
-    """Where a round's time goes (SD, from each reply's ``spec_decode`` stats): the target's
-    forward and verification, and the rest (drafter included): actor calls, scheduling, glue.
-    Served at one client against the engine, the rest is what serving adds per round."""
+    """Where a round's time goes, from each reply's ``spec_decode`` stats (plain AR's too): the
+    target's forward and verification, and the rest (the drafter included): actor calls,
+    scheduling, glue. Served at one client against the engine, the rest is what serving adds."""
     stats = [o["spec_decode"] for o in outs if o.get("spec_decode")]
     rounds = sum(s["rounds"] for s in stats)
     if not rounds:
@@ -226,9 +229,6 @@ def summarise(runs: dict) -> dict:
                             "same_as_ar": all(r["token_ids"] == ar for r in rs)}
               for (m, c), rs in runs.items()}
     return {"summary": summary, "checks": checks}
-
-
-SPLIT = ("target_ms_per_round", "rest_ms_per_round")
 
 
 def goals(summary: dict) -> dict:

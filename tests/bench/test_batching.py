@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def add(a, b):\n    return", "hello hello hello", "one two three one two"]
 
@@ -48,3 +50,17 @@ def test_a_bad_prompts_file_is_refused(tmp_path):
         [sys.executable, "-m", "bench.batching", "--config", "configs/serve/tiny.yaml",
          "--prompts-file", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "--prompts-file" in done.stderr
+
+
+def test_a_variant_is_the_default_with_some_args_changed():
+    from bench.batching import method_args, parse_variant
+
+    name, changes = parse_variant('sd_caps={"batching": {"draft_caps": {"8": 2}}}')
+    sd = {"drafter": "suffix", "suffix": {"index": "x"}, "batching": {"max_batch": 32}}
+    apps = method_args(sd, False, {name: changes})
+    assert apps["sd_caps"]["batching"] == {"max_batch": 32, "draft_caps": {"8": 2}}
+    assert apps["sd_caps"]["suffix"] == apps["sd"]["suffix"] == {"index": "x", "online": False}
+    assert "draft_caps" not in apps["sd"]["batching"]
+    for bad in ("sd_caps", "sd_caps=[1]", "sd_caps={oops", 'sd={"x": 1}'):
+        with pytest.raises(ValueError, match="--variant"):
+            parse_variant(bad)
