@@ -164,7 +164,7 @@ class BatchLoop:
         self.thread = threading.Thread(target=self._run, args=(build, built), name=self.name,
                                        daemon=True)
         self.thread.start()
-        self.worker = built.result()
+        built.result()  # the worker is there (self.worker), or the build's error is raised
 
     # ---- the actor's side -------------------------------------------------------------------
     def submit(self, rid: str, payload) -> Future:
@@ -210,7 +210,7 @@ class BatchLoop:
         except BaseException as e:  # noqa: BLE001 -- the constructor raises it
             built.set_exception(e)
             return
-        built.set_result(self.worker)
+        built.set_result(None)
         self._loop()
 
     def _loop(self) -> None:
