@@ -41,6 +41,7 @@ import yaml
 from tqdm import tqdm
 
 SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
+BUILTIN = ("ar", "sd", "ar_unbatched", "sd_engine")  # the arms every --variant sits beside
 
 
 def humaneval_prompts(n: int) -> list[str]:
@@ -95,7 +96,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
         raise ValueError(f"--variant {text!r}: the args after '=' are not JSON ({e})") from None
     if not isinstance(changes, dict):
         raise ValueError(f"--variant {text!r}: expected NAME={{JSON object of app args}}")
-    if name in ("ar", "sd", "ar_unbatched", "sd_engine"):
+    if name in BUILTIN:
         raise ValueError(f"--variant {text!r}: the name {name!r} is taken")
     return name, changes
 
@@ -139,12 +140,17 @@ def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> di
     """One client, prompt after prompt, as concurrency 1 runs them over HTTP."""
     t0 = time.perf_counter()
     outs = [engine.complete(p, max_tokens) for p in prompts]
-    wall = time.perf_counter() - t0
+    return level(outs, time.perf_counter() - t0, None)
+
+
+def level(outs: list[dict], wall: float, mean_batch: float | None) -> dict:
+    """One level's numbers from its replies (token_ids, latency_s, spec_decode each)."""
     latencies = sorted(o["latency_s"] for o in outs)
     tokens = sum(len(o["token_ids"]) for o in outs)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "p50_s": statistics.median(latencies), "p95_s": p95(latencies), "mean_batch": None,
-            **round_split(outs), "token_ids": [o["token_ids"] for o in outs]}
+            "p50_s": statistics.median(latencies), "p95_s": p95(latencies),
+            "mean_batch": mean_batch, **round_split(outs),
+            "token_ids": [o["token_ids"] for o in outs]}
 
 
 SPLIT = ("target_ms_per_round", "rest_ms_per_round")
@@ -202,13 +208,7 @@ def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int)
     after = batch_totals(url)
     steps = after.get("steps", 0) - before.get("steps", 0)
     in_steps = after.get("step_requests", 0) - before.get("step_requests", 0)
-    latencies = sorted(o["latency_s"] for o in outs)
-    tokens = sum(len(o["token_ids"]) for o in outs)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "p50_s": statistics.median(latencies),
-            "p95_s": p95(latencies),
-            "mean_batch": in_steps / steps if steps else None,
-            **round_split(outs), "token_ids": [o["token_ids"] for o in outs]}
+    return level(outs, wall, in_steps / steps if steps else None)
 
 
 def summarise(runs: dict) -> dict:
@@ -236,7 +236,7 @@ def goals(summary: dict) -> dict:
     out = {}
     if 8 in ar and 1 in ar:
         out["ar_c8_over_c1"] = {"value": ar[8]["tokens_per_s"] / ar[1]["tokens_per_s"], "goal": 4.0}
-    for name in ("sd", *(m for m in summary if m not in ("ar", "sd", "ar_unbatched", "sd_engine"))):
+    for name in ("sd", *(m for m in summary if m not in BUILTIN)):
         if 8 in ar and 8 in summary[name]:  # the default, and each --variant of it
             out[f"{name}_c8_over_ar_c8"] = {
                 "value": summary[name][8]["tokens_per_s"] / ar[8]["tokens_per_s"], "goal": 1.3}
