@@ -9,10 +9,13 @@ Requests join and leave between steps. The two schedulers differ in what a step 
   running requests and prefill chunks of new ones, within a token budget. Verifies go first,
   then prefills in arrival order; a long prompt is cut into chunks, so it never stalls the
   running requests for more than one bounded step; an item left out of a step goes first in
-  the next, so no request waits more than one step behind a newer one.
+  the next, so no request waits more than one step behind a newer one. Chunks start every
+  ``token_budget`` tokens of the prompt, whatever else the step holds: a chunk that does not
+  fit the budget left waits for the next step.
 - ``DraftScheduler``: start new requests, then commit the previous rounds and draft the next
   ones of all queued requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter
-  forwards batched).
+  forwards batched). A drafter without batched forwards (suffix, n-gram) does not gather: a
+  step takes what is queued at once.
 
 *Gathering*: a step starts once every running request has work queued, or when ``max_batch``
 items are queued, or once the gathering window has passed (a running request may be away:
@@ -333,10 +336,13 @@ class TargetScheduler(BatchLoop):
             if len(batch) == self.config.max_batch:
                 break
             if isinstance(w.payload, OpenRequest):
-                n = min(w.cost, budget)  # a chunk of the prompt
-                if n < 1 and batch:
+                # the prompt's next whole chunk: prompts are cut every token_budget tokens,
+                # whatever else a step holds, so a chunk is computed the same in every run (a
+                # batch-invariant runtime relies on it); one that does not fit waits a step
+                n = min(w.cost, self.config.token_budget)
+                if n > budget and batch:
                     continue
-                batch.append((w, max(n, 1)))
+                batch.append((w, n))
             elif w.cost <= budget or not batch:
                 batch.append((w, w.cost))
             else:
@@ -398,6 +404,11 @@ class DraftScheduler(BatchLoop):
 
     name = "draft-scheduler"
     worker: DraftWorker
+
+    def window(self) -> float:
+        """No gathering for a drafter without batched forwards (suffix, n-gram): its requests'
+        lookups cost the same in one step or in many, so a round never waits for another."""
+        return super().window() if self.worker.batches else 0.0
 
     def open(self, rid: str, request: OpenRequest, features) -> Future:
         return self.submit(rid, DraftOpen(request, features))

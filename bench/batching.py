@@ -18,7 +18,8 @@ models, settings and threads, no Ray or HTTP), one prompt at a time, interleaved
 levels: the served path at concurrency 1 against it, and the outputs the served ones must equal.
 ``--variant NAME=JSON`` serves one more SD app, the default with those args changed (each
 top-level key's dict merged one level deep), at every level, e.g. draft caps:
-``--variant 'sd_caps={"batching": {"draft_caps": {"8": 4}}}'``.
+``--variant 'sd_caps={"batching": {"draft_caps": {"8": 4}}}'``; with ``"drafter": "none"`` a
+variant decodes plainly (the drafter's args dropped), e.g. AR in another dtype.
 Writes ``result.json``, ``result.md`` and ``concurrency.png``.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
@@ -75,7 +76,9 @@ def method_args(sd: dict, unbatched: bool, variants: dict[str, dict] | None = No
     if unbatched:
         apps["ar_unbatched"] = ar | {"batching": {**ar.get("batching", {}), "max_batch": 1}}
     for name, changes in (variants or {}).items():
-        apps[name] = merged(sd, changes)
+        app = merged(sd, changes)
+        apps[name] = app if app.get("drafter") != "none" else {
+            k: v for k, v in app.items() if k not in SD_ONLY}  # a plain-decoding variant
     return apps
 
 
@@ -153,13 +156,15 @@ def level(outs: list[dict], wall: float, mean_batch: float | None) -> dict:
             "token_ids": [o["token_ids"] for o in outs]}
 
 
-SPLIT = ("target_ms_per_round", "rest_ms_per_round")
+SPLIT = ("target_ms_per_round", "rest_ms_per_round", "drafted_per_round", "accepted_per_round")
+STEPS = ("step_tokens", "step_ms", "target_busy")  # the served levels' target steps
 
 
 def round_split(outs: list[dict]) -> dict:
     """Where a round's time goes, from each reply's ``spec_decode`` stats (plain AR's too): the
     target's forward and verification, and the rest (the drafter included): actor calls,
-    scheduling, glue. Served at one client against the engine, the rest is what serving adds."""
+    scheduling, glue. Served at one client against the engine, the rest is what serving adds.
+    Also the draft tokens a round sent and the target accepted (the rows a verify spends)."""
     stats = [o["spec_decode"] for o in outs if o.get("spec_decode")]
     rounds = sum(s["rounds"] for s in stats)
     if not rounds:
@@ -167,7 +172,9 @@ def round_split(outs: list[dict]) -> dict:
     target = sum(s["time_s"]["target"] for s in stats)
     total = sum(s["time_s"]["total"] for s in stats)
     return {"target_ms_per_round": 1e3 * target / rounds,
-            "rest_ms_per_round": 1e3 * (total - target) / rounds}
+            "rest_ms_per_round": 1e3 * (total - target) / rounds,
+            "drafted_per_round": sum(s["drafted"] for s in stats) / rounds,
+            "accepted_per_round": sum(s["accepted"] for s in stats) / rounds}
 
 
 def start(apps: dict[str, dict], port: int) -> str:
@@ -206,13 +213,31 @@ def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int)
         outs = list(pool.map(lambda p: complete(url, model, p, max_tokens), prompts))
     wall = time.perf_counter() - t0
     after = batch_totals(url)
-    steps = after.get("steps", 0) - before.get("steps", 0)
-    in_steps = after.get("step_requests", 0) - before.get("step_requests", 0)
-    return level(outs, wall, in_steps / steps if steps else None)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "step_requests",
+                                                              "step_tokens", "step_s")}
+    steps = delta["steps"]
+    out = level(outs, wall, delta["step_requests"] / steps if steps else None)
+    if steps:  # the target's steps: their mean size and time, and the share of the wall they fill
+        out |= {"step_tokens": delta["step_tokens"] / steps, "step_ms": 1e3 * delta["step_s"] / steps,
+                "target_busy": delta["step_s"] / wall}
+    return out
 
 
-def summarise(runs: dict) -> dict:
-    """Medians over repeats per (method, concurrency), and the output checks."""
+def references(apps: dict[str, dict]) -> dict[str, str]:
+    """Each app's plain-decoding reference: the AR app of its own dtype (``ar`` when none is
+    served), since another dtype decodes other tokens; ``sd_engine`` checks against ``sd``'s."""
+    plain: dict[str, str] = {}
+    for name in ("ar", *apps):
+        if apps[name].get("drafter") == "none" and name != "ar_unbatched":
+            plain.setdefault(apps[name].get("dtype"), name)
+    refs = {name: plain.get(args.get("dtype"), "ar") for name, args in apps.items()}
+    return refs | {"sd_engine": refs["sd"]}
+
+
+def summarise(runs: dict, refs: dict[str, str] | None = None) -> dict:
+    """Medians over repeats per (method, concurrency), and the output checks: the same as the
+    method's own sequential (concurrency 1) outputs, and as its plain-decoding reference's
+    (``refs``; ``ar`` when not given)."""
     summary = {}
     for (method, c), rs in runs.items():
         summary.setdefault(method, {})[c] = {
@@ -220,26 +245,36 @@ def summarise(runs: dict) -> dict:
             for k in ("tokens_per_s", "p50_s", "p95_s") } | {
             "mean_batch": statistics.median(r["mean_batch"] for r in rs)
             if all(r["mean_batch"] is not None for r in rs) else None} | {
-            k: statistics.median(r[k] for r in rs) for k in SPLIT if all(k in r for r in rs)}
+            k: statistics.median(r[k] for r in rs) for k in SPLIT + STEPS
+            if all(k in r for r in rs)}
     seq = {m: runs[(m, 1)][0]["token_ids"] for m in summary if (m, 1) in runs}
     if "sd_engine" in seq:  # the engine's outputs are what the served SD app must return
         seq["sd"] = seq["sd_engine"]
-    ar = seq.get("ar")
-    checks = {f"{m}@c{c}": {"same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
-                            "same_as_ar": all(r["token_ids"] == ar for r in rs)}
-              for (m, c), rs in runs.items()}
+    refs = refs or {}
+    checks = {}
+    for (m, c), rs in runs.items():
+        ar = seq.get(refs.get(m, "ar"))
+        checks[f"{m}@c{c}"] = {
+            "same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
+            "same_as_ar": all(r["token_ids"] == ar for r in rs), "reference": refs.get(m, "ar")}
     return {"summary": summary, "checks": checks}
 
 
-def goals(summary: dict) -> dict:
-    ar, sd = summary["ar"], summary["sd"]
+def goals(summary: dict, refs: dict[str, str] | None = None) -> dict:
+    """Issue 17's goals for the default, and the 8-client one for each SD ``--variant`` against
+    its plain-decoding reference (``refs``: the AR app of its dtype)."""
+    ar, sd, refs = summary["ar"], summary["sd"], refs or {}
     out = {}
     if 8 in ar and 1 in ar:
         out["ar_c8_over_c1"] = {"value": ar[8]["tokens_per_s"] / ar[1]["tokens_per_s"], "goal": 4.0}
     for name in ("sd", *(m for m in summary if m not in BUILTIN)):
-        if 8 in ar and 8 in summary[name]:  # the default, and each --variant of it
-            out[f"{name}_c8_over_ar_c8"] = {
-                "value": summary[name][8]["tokens_per_s"] / ar[8]["tokens_per_s"], "goal": 1.3}
+        base = refs.get(name, "ar")
+        if base == name:  # a plain-decoding variant: the reference of others
+            continue
+        if 8 in summary[base] and 8 in summary[name]:
+            out[f"{name}_c8_over_{base}_c8"] = {
+                "value": summary[name][8]["tokens_per_s"] / summary[base][8]["tokens_per_s"],
+                "goal": 1.3}
     if 8 in sd and 1 in sd:
         out["sd_p50_c8_over_c1"] = {"value": sd[8]["p50_s"] / sd[1]["p50_s"], "goal": 2.0,
                                     "lower_is_better": True}
@@ -262,16 +297,18 @@ def markdown(result: dict) -> str:
              f"Served: {meta['served']}. {meta['prompts']} {source}, "
              f"{meta['max_tokens']} new tokens, {meta['repeats']} repeats (medians).", "",
              "| method | concurrency | aggregate tok/s | p50 latency s | p95 latency s | mean batch | "
-             "target ms / round | rest ms / round | same as sequential | same as AR |",
-             "|" + " --- |" * 10]
+             "target ms / round | rest ms / round | drafted / round | accepted / round | "
+             "tokens / step | ms / step | target busy | same as sequential | same as its AR |",
+             "|" + " --- |" * 15]
     for method, levels in s.items():
         for c, v in sorted(levels.items()):
             chk = result["checks"][f"{method}@c{c}"]
             batch = "-" if v["mean_batch"] is None else f"{v['mean_batch']:.2f}"
-            split = " | ".join(f"{v[k]:.1f}" if k in v else "-" for k in SPLIT)
+            split = " | ".join(f"{v[k]:.{1 if 'ms' in k else 2}f}" if k in v else "-"
+                              for k in SPLIT + STEPS)
             lines.append(f"| {method} | {c} | {v['tokens_per_s']:.2f} | {v['p50_s']:.2f} | "
                          f"{v['p95_s']:.2f} | {batch} | {split} | {chk['same_as_sequential']} | "
-                         f"{chk['same_as_ar']} |")
+                         f"{chk['same_as_ar']} ({chk['reference']}) |")
     lines += ["", "| goal | measured | target | met |", "| --- | --- | --- | --- |"]
     for name, g in result["goals"].items():
         sign = "<=" if g.get("lower_is_better") else ">="
@@ -345,8 +382,9 @@ def main(argv=None) -> None:
         runs.setdefault((m, c), []).append(
             run_in_process(engine, prompts, a.max_tokens) if m == "sd_engine" else
             run_level(f"{url}/{m}", model, prompts, a.max_tokens, c))
-    result = summarise(runs)
-    result["goals"] = goals(result["summary"])
+    refs = references(apps)
+    result = summarise(runs, refs)
+    result["goals"] = goals(result["summary"], refs)
     result["meta"] = {
         "date": time.strftime("%Y-%m-%d"),
         "command": "python -m bench.batching " + " ".join(argv if argv is not None else os.sys.argv[1:]),

@@ -287,6 +287,12 @@ class DraftWorker:
         self.preverifier = preverifier
         self.requests: dict[str, DraftRequest] = {}
 
+    @property
+    def batches(self) -> bool:
+        """Whether the drafter runs forwards batched across requests (``prepare`` /
+        ``commit_batch``): only then is a batch of requests cheaper than each alone."""
+        return any(hasattr(self.draft_model, m) for m in ("prepare", "commit_batch"))
+
     def open(self, batch: dict[str, OpenRequest],
              features: dict[str, torch.Tensor | None]) -> None:
         """Start every request of ``batch`` on its prompt and the target's ``features`` of it

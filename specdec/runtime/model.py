@@ -17,6 +17,21 @@ Logits come back only for the positions a row asks for (a prefill asks for its l
 tapped layers' outputs (the block drafter's features) for the positions it asks for. Terms:
 ``H`` hidden size, ``h`` / ``kvh`` query / key-value heads, ``d`` head dim, ``V`` vocabulary.
 
+*Batch invariance* (on by default in bfloat16 on CPUs, ``BATCH_INVARIANT``): a token's outputs
+are then bitwise the same whatever else its pass holds -- alone as a decode, inside a k-token
+verify, next to other requests or a prompt chunk -- so speculative decoding in bfloat16 commits
+exactly the tokens plain decoding does. Two things vary with the batch otherwise, both measured
+on the bfloat16 kernels of a 2-core Xeon with AMX (docs/BENCHMARKS.md, 2026-12-02): a linear over
+more than some number of rows picks another kernel (there, past 32; ``invariant_rows`` finds the
+bound for the model's shapes at load, and the linears run in pieces of it), and SDPA's result for
+a query depends on how many queries share its head and on the tail of the key count. So the short
+rows (decodes and verifies) attend one query per head -- a row's tokens become heads of their
+own, ``[B, kvh * T * g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back -- over
+keys padded to whole ``KEY_BLOCK``s (masked out: they add exact zeros). A prompt chunk (a long
+row) only needs computing the same way every time it comes: its attention stays SDPA's own and
+its linears take it in one call, and the scheduler cuts prompts at fixed points
+(``actors.scheduler``), so a chunk is the same in every run.
+
 It is not a model zoo: ``weights.py`` says which configs it runs; the rest stay on transformers.
 Arithmetic follows transformers' eager Llama (RMSNorm in float32, RoPE tables in float32), so
 in float64 it equals the reference to ~1e-12.
@@ -78,13 +93,41 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 SHORT = 32  # rows of at most this many new tokens (decodes, verifies) attend as one group
+KEY_BLOCK = 64  # batch-invariant attention reads keys in whole blocks of this many
+BATCH_INVARIANT = {torch.bfloat16: True}  # dtypes whose passes are batch invariant by default
+# (on CPUs; float32 is not, and need not be in practice: its 1-row and multi-row kernels differ
+# by ~1e-7, which flipped no token of the 80-prompt engine benchmark, docs/BENCHMARKS.md)
+INVARIANT_ROWS = 32  # the most rows a batch-invariant linear is tried on at once
 
 
-def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device):
+def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS) -> int:
+    """The most rows a linear of this model may run over at once with every row's output
+    bitwise what it is alone, on this machine's kernels: tried on random inputs at each
+    projection's shape (the kernel a linear picks depends on the shapes, not the values)."""
+    projections = [weights.lm_head, *(getattr(weights.layers[0], n) for n in
+                                      ("qkv", "o", "gate_up", "down"))]
+    gen = torch.Generator().manual_seed(0)
+    rows = most
+    with torch.inference_mode():
+        for p in projections:
+            x = torch.randn(rows, p.w.shape[1], generator=gen).to(p.w)
+            alone = torch.cat([F.linear(x[i:i + 1], p.w) for i in range(rows)])
+            for m in range(2, rows + 1):
+                if not torch.equal(F.linear(x[:m], p.w), alone[:m]):
+                    rows = m - 1
+                    break
+    return rows
+
+
+def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device,
+                       key_block: int | None = None, max_len: int = 0):
     """pos: [B, T] absolute positions (depth in a tree); mask: [B, 1, T, C] keys each query sees,
-    T and C the group's longest new length and context (padded queries see key 0 only)."""
+    T and C the group's longest new length and context (padded queries see key 0 only); with a
+    ``key_block``, C is rounded up to whole blocks (at most ``max_len``)."""
     T = max(len(r.ids) for r in rows)
     C = max(c + len(r.ids) for r, c in zip(rows, lengths, strict=True))
+    if key_block:
+        C = min(max_len, -(-C // key_block) * key_block)
     pos = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T, C, dtype=torch.bool)
     mask[:, :, 0] = True  # so no softmax row is empty
@@ -111,18 +154,25 @@ class Group:
     span: tuple[int, int] | None  # slots lo..hi-1 when they are consecutive: read as a view
     slots: torch.Tensor  # [B], for a gather when they are not
     where: tuple[torch.Tensor, torch.Tensor] | None  # (b, t) of each token; None: no padding
+    short: bool = True  # decodes and verifies (else one prompt chunk)
+    head_mask: torch.Tensor | None = None  # batch invariant short rows: [B, kvh * T * g, 1, C]
 
 
-def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device):
+def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
+                key_block: int | None = None, max_len: int = 0):
     """Lay a batch out flat: one group of the short rows (decodes and verifies, padded to the
     longest), then each long row (a prompt chunk) alone, so no prompt pads a decode. Returns the
-    groups, each row's first flat token, and the flat tokens' RoPE positions [N]."""
+    groups, each row's first flat token, and the flat tokens' RoPE positions [N]. With a
+    ``key_block`` (batch invariance) the short rows' group reads whole key blocks, through a
+    mask."""
     short = sorted((b for b, r in enumerate(rows) if len(r.ids) <= SHORT), key=lambda b: rows[b].slot)
     parts = ([short] if short else []) + [[b] for b, r in enumerate(rows) if len(r.ids) > SHORT]
     groups, offsets, positions, start = [], [0] * len(rows), [], 0
     for members in parts:
+        short = len(rows[members[0]].ids) <= SHORT
+        block = key_block if short else None
         pos, mask = positions_and_mask([rows[b] for b in members], [lengths[b] for b in members],
-                                       device)
+                                       device, block, max_len)
         ns = [len(rows[b].ids) for b in members]
         B, T = pos.shape
         where = None
@@ -132,9 +182,9 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device):
         slots = [rows[b].slot for b in members]
         consecutive = slots == list(range(slots[0], slots[0] + B))
         groups.append(Group(members, start, sum(ns), T, mask.shape[-1],
-                            None if T == 1 and B == 1 else mask,
+                            None if T == 1 and B == 1 and not block else mask,
                             (slots[0], slots[0] + B) if consecutive else None,
-                            torch.tensor(slots, device=device), where))
+                            torch.tensor(slots, device=device), where, short))
         for b, n in zip(members, ns, strict=True):
             offsets[b] = start
             start += n
@@ -143,17 +193,31 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device):
 
 
 class Forward:
-    """The decoder over a ``Weights`` and a ``KVPool``; ``__call__`` runs one ragged batch."""
+    """The decoder over a ``Weights`` and a ``KVPool``; ``__call__`` runs one ragged batch.
+    ``invariant``: batch invariance (see the module docstring); None: ``BATCH_INVARIANT``."""
 
-    def __init__(self, weights: Weights, pool: KVPool, tap_layers: Sequence[int] = ()):
+    def __init__(self, weights: Weights, pool: KVPool, tap_layers: Sequence[int] = (),
+                 invariant: bool | None = None):
         self.w, self.pool, self.tap_layers = weights, pool, tuple(tap_layers)
         s = weights.shape
         self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        if invariant is None:  # measured on CPUs only
+            invariant = (weights.embed.device.type == "cpu"
+                         and BATCH_INVARIANT.get(weights.embed.dtype, False))
+        # batch invariance: linears over at most this many rows at once (None: off)
+        self.rows = invariant_rows(weights) if invariant else None
+        self.key_block = KEY_BLOCK if invariant else None
 
-    @staticmethod
-    def linear(x: torch.Tensor, p: Proj) -> torch.Tensor:
-        """x: [..., in] -> [..., out]; a single row uses the [in, out] copy and several rows the
-        oneDNN-packed weight, where the layout has them (see ``weights``)."""
+    def linear(self, x: torch.Tensor, p: Proj, parts: list[int] | None = None) -> torch.Tensor:
+        """x: [N, in] -> [N, out]. Batch invariant: the plain weight, one call per part of the
+        flat axis (``parts``, see ``parts``; None: ``self.rows`` rows at a time). Else a single
+        row uses the [in, out] copy and several rows the oneDNN-packed weight, where the layout
+        has them (see ``weights``)."""
+        if self.rows is not None:
+            pieces = x.split(parts or self.rows)
+            if len(pieces) == 1:
+                return F.linear(x, p.w, p.bias)
+            return torch.cat([F.linear(piece, p.w, p.bias) for piece in pieces])
         if x.numel() == x.shape[-1]:
             if p.wt is not None:
                 y = x @ p.wt
@@ -161,6 +225,21 @@ class Forward:
         elif p.packed is not None:
             return packed_linear(x, p.packed, p.bias)
         return F.linear(x, p.w, p.bias)
+
+    def parts(self, groups: list[Group]) -> list[int] | None:
+        """Batch invariant: how the linears cut the flat tokens -- the short rows' group in
+        pieces of at most ``self.rows`` (each row's outputs are then what they are alone), each
+        prompt chunk whole (it always comes whole). None when not batch invariant."""
+        if self.rows is None:
+            return None
+        out = []
+        for g in groups:
+            if not g.short:  # a prompt chunk
+                out.append(g.size)
+            else:
+                whole, rest = divmod(g.size, self.rows)
+                out += [self.rows] * whole + ([rest] if rest else [])
+        return out
 
     @torch.inference_mode()
     def __call__(self, rows: Sequence[Row]) -> list[RowOutput]:
@@ -173,7 +252,7 @@ class Forward:
                 raise ValueError(f"sequence of {c + len(r.ids)} tokens exceeds the KV slot's "
                                  f"{pool.max_len} positions")
         device = self.w.embed.device
-        groups, offsets, pos = plan_groups(rows, lengths, device)
+        groups, offsets, pos = plan_groups(rows, lengths, device, self.key_block, pool.max_len)
         order = [b for g in groups for b in g.rows]
         ids = torch.tensor([t for b in order for t in rows[b].ids], dtype=torch.long, device=device)
         # where each flat token's key / value goes: its slot, at its index after the cache
@@ -182,15 +261,19 @@ class Forward:
                                 device=device)
         cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [N, 1, d]
         for g in groups:
-            if len(g.rows) > 1:  # only a group padded along the keys reads past a slot's end
-                for b in g.rows:
+            invariant = self.key_block is not None and g.short
+            if len(g.rows) > 1 or invariant:  # a group padded along the keys reads past a
+                for b in g.rows:  # slot's end
                     pool.ensure_clean(rows[b].slot, g.C)
+            if invariant:
+                g.head_mask = self.head_mask(g)
+        parts = self.parts(groups)
         x = self.w.embed[ids]  # [N, H]
         taps = {}  # layer -> its output [N, H], for the tapped layers only
         for i, layer in enumerate(self.w.layers):
             x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), groups, cos, sin,
-                                   (write_slots, write_at))
-            x = x + self.mlp(layer, rms_norm(x, layer.mlp_norm, s.eps))
+                                   (write_slots, write_at), parts)
+            x = x + self.mlp(layer, rms_norm(x, layer.mlp_norm, s.eps), parts)
             if i in self.tap_layers:  # the last layer's output is read after the final norm, as
                 taps[i] = x if i < s.layers - 1 else rms_norm(x, self.w.norm, s.eps)  # in HF
         for r in rows:
@@ -198,12 +281,14 @@ class Forward:
         return self.outputs(rows, offsets, x, taps)
 
     def attention(self, i: int, layer: Layer, x, groups: list[Group], cos, sin,
-                  write: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x: [N, H] normed flat tokens; write: (slot, position) of each token's key / value.
-        Every new key / value goes into the caches first; then each group attends on its own."""
+                  write: tuple[torch.Tensor, torch.Tensor],
+                  parts: list[int] | None = None) -> torch.Tensor:
+        """x: [N, H] normed flat tokens; write: (slot, position) of each token's key / value;
+        parts: the linears' cuts (``parts``). Every new key / value goes into the caches first;
+        then each group attends on its own."""
         s = self.w.shape
         N = x.shape[0]
-        qkv = self.linear(x, layer.qkv)  # [N, (h + 2 kvh) d]
+        qkv = self.linear(x, layer.qkv, parts)  # [N, (h + 2 kvh) d]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = q.view(N, s.heads, s.head_dim), k.view(N, s.kv_heads, s.head_dim)
         if layer.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
@@ -213,7 +298,15 @@ class Forward:
         self.pool.write(i, *write, k, v.view(N, s.kv_heads, s.head_dim))
         outs = [self._attend(i, g, q[g.start:g.start + g.size]) for g in groups]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return self.linear(out, layer.o)
+        return self.linear(out, layer.o, parts)
+
+    def head_mask(self, g: Group) -> torch.Tensor:
+        """A group's mask [B, 1, T, C] laid out for one query per head: [B, kvh * T * g, 1, C]
+        (query head kv * T * g + t * g + j is token t's head kv * g + j)."""
+        s = self.w.shape
+        B, per_kv = len(g.rows), s.heads // s.kv_heads
+        return (g.mask.view(B, 1, g.T, 1, g.C).expand(B, s.kv_heads, g.T, per_kv, g.C)
+                .reshape(B, -1, 1, g.C))
 
     def _attend(self, i: int, g: Group, q: torch.Tensor) -> torch.Tensor:
         """One group's queries [n, h, d] against its slots' caches; returns [n, h * d]."""
@@ -229,17 +322,32 @@ class Forward:
             keys, values = pool.k[i][lo:hi, :, :g.C], pool.v[i][lo:hi, :, :g.C]
         else:
             keys, values = pool.k[i][g.slots, :, :g.C], pool.v[i][g.slots, :, :g.C]
-        out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
-                                             attn_mask=g.mask, scale=s.head_dim ** -0.5,
-                                             enable_gqa=s.heads != s.kv_heads)  # [B, h, T, d]
+        if g.head_mask is not None:
+            out = self._attend_per_head(queries, keys, values, g.head_mask)
+        else:
+            out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
+                                                 attn_mask=g.mask, scale=s.head_dim ** -0.5,
+                                                 enable_gqa=s.heads != s.kv_heads)  # [B, h, T, d]
         out = out.transpose(1, 2)  # [B, T, h, d]
         if g.where is not None:
             out = out[g.where]  # [n, h, d]: the real tokens only
         return out.reshape(-1, self.q_size)
 
-    def mlp(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)
-        return self.linear(F.silu(gate) * up, layer.down)
+    def _attend_per_head(self, queries, keys, values, head_mask) -> torch.Tensor:
+        """Batch-invariant attention: queries [B, T, h, d], each token's heads as heads of their
+        own with one query each (``head_mask``); returns [B, h, T, d]."""
+        s = self.w.shape
+        B, T, per_kv = queries.shape[0], queries.shape[1], s.heads // s.kv_heads
+        packed = (queries.view(B, T, s.kv_heads, per_kv, s.head_dim).permute(0, 2, 1, 3, 4)
+                  .reshape(B, -1, 1, s.head_dim))  # [B, kvh * T * g, 1, d]
+        out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=head_mask,
+                                             scale=s.head_dim ** -0.5, enable_gqa=per_kv > 1)
+        return (out.view(B, s.kv_heads, T, per_kv, s.head_dim).permute(0, 1, 3, 2, 4)
+                .reshape(B, s.heads, T, s.head_dim))
+
+    def mlp(self, layer: Layer, x: torch.Tensor, parts: list[int] | None = None) -> torch.Tensor:
+        gate, up = self.linear(x, layer.gate_up, parts).chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, layer.down, parts)
 
     def outputs(self, rows, offsets: list[int], x: torch.Tensor, taps: dict) -> list[RowOutput]:
         """Final norm + lm_head only at the asked-for positions; taps = outputs of layer l."""

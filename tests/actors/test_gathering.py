@@ -9,7 +9,10 @@ import time
 
 import pytest
 
-from actors.scheduler import BatchingConfig, BatchLoop
+from actors.scheduler import BatchingConfig, BatchLoop, DraftScheduler, TargetScheduler, Work
+from specdec.engine.loading import load_pair
+from specdec.engine.settings import GenerationParams
+from specdec.engine.workers import Draft, DraftWorker, OpenRequest
 
 STEP_S = 0.2
 
@@ -125,3 +128,39 @@ def test_a_failing_build_raises_in_the_constructor():
 
     with pytest.raises(FileNotFoundError, match="no such model"):
         BatchLoop(build, BatchingConfig())
+
+
+@pytest.mark.parametrize("drafter, gathers", [("ngram", False), ("suffix", False),
+                                              ("block", True)])
+def test_a_drafter_gathers_only_when_it_batches_forwards(tiny_llama, drafter, gathers):
+    # a suffix or n-gram lookup costs the same in a step of its own: its round never waits
+    # for the other requests; a block drafter's step waits for them (one forward for all)
+    ref = tiny_llama["block-drafter"] if drafter == "block" else drafter
+    pair = load_pair(tiny_llama["target"], ref, dtype="float64")
+    loop = DraftScheduler(lambda: DraftWorker(pair.drafter), BatchingConfig(gather_s=0.5))
+    try:
+        assert loop.worker.batches is gathers
+        assert loop.window() == (0.5 if gathers else 0.0)
+    finally:
+        loop.stop()
+
+
+def test_prompts_are_cut_at_fixed_points_whatever_else_a_step_holds():
+    # budget 8: a verify of 3 draft tokens (4 target tokens) leaves 4, yet the 20-token prompt's
+    # first chunk is 8 tokens whenever it runs, so it waits for the next step, where it goes
+    # first; its chunks are 8, 8, 4 (a batch-invariant runtime computes each the same in every
+    # run only if the chunks are the same)
+    loop = TargetScheduler(Slots, BatchingConfig(token_budget=8))
+    try:
+        prompt = Work("p", OpenRequest(list(range(20)), GenerationParams()))
+        verify = Work("v", Draft([1, 2, 3], None))
+        assert [(w.rid, n) for w, n in loop.plan([verify, prompt])] == [("v", 4)]
+        assert [(w.rid, n) for w, n in loop.plan([prompt, verify])] == [("p", 8)]
+        chunks = []
+        while prompt.cost:
+            (_, n), = loop.plan([prompt])
+            chunks.append(n)
+            prompt.fed += n
+        assert chunks == [8, 8, 4]
+    finally:
+        loop.stop()

@@ -61,6 +61,42 @@ def test_a_variant_is_the_default_with_some_args_changed():
     assert apps["sd_caps"]["batching"] == {"max_batch": 32, "draft_caps": {"8": 2}}
     assert apps["sd_caps"]["suffix"] == apps["sd"]["suffix"] == {"index": "x", "online": False}
     assert "draft_caps" not in apps["sd"]["batching"]
+    plain = method_args(sd, False, {"ar_bf16": {"drafter": "none", "dtype": "bfloat16"}})["ar_bf16"]
+    assert plain == {"drafter": "none", "dtype": "bfloat16", "batching": {"max_batch": 32}}
     for bad in ("sd_caps", "sd_caps=[1]", "sd_caps={oops", 'sd={"x": 1}'):
         with pytest.raises(ValueError, match="--variant"):
             parse_variant(bad)
+
+
+def test_each_method_is_checked_against_plain_decoding_of_its_own_dtype():
+    from bench.batching import references, summarise
+
+    apps = {"ar": {"drafter": "none", "dtype": "float32"},
+            "sd": {"drafter": "suffix", "dtype": "float32"},
+            "sd_bf16": {"drafter": "suffix", "dtype": "bfloat16"},
+            "ar_bf16": {"drafter": "none", "dtype": "bfloat16"},
+            "sd_f64": {"drafter": "suffix", "dtype": "float64"}}
+    refs = references(apps)
+    assert refs == {"ar": "ar", "sd": "ar", "sd_bf16": "ar_bf16", "ar_bf16": "ar_bf16",
+                    "sd_f64": "ar", "sd_engine": "ar"}
+
+    def run(ids):
+        return {"token_ids": ids, "tokens_per_s": 1.0, "p50_s": 1.0, "p95_s": 1.0, "mean_batch": 1.0}
+
+    runs = {("ar", 1): [run([[1, 2]])], ("sd", 1): [run([[1, 2]])],
+            ("ar_bf16", 1): [run([[1, 3]])], ("sd_bf16", 1): [run([[1, 3]])],
+            ("sd_bf16", 8): [run([[1, 4]])]}
+    checks = summarise(runs, refs)["checks"]
+    assert checks["sd@c1"]["same_as_ar"] and checks["sd_bf16@c1"]["same_as_ar"]
+    assert checks["sd_bf16@c1"]["reference"] == "ar_bf16"
+    assert not checks["sd_bf16@c8"]["same_as_ar"] and not checks["sd_bf16@c8"]["same_as_sequential"]
+    from bench.batching import goals
+
+    def level(tok_s):
+        return {"tokens_per_s": tok_s, "p50_s": 1.0}
+
+    summary = {"ar": {1: level(10), 8: level(40)}, "sd": {1: level(20), 8: level(60)},
+               "ar_bf16": {8: level(50)}, "sd_bf16": {8: level(70)}}
+    g = goals(summary, refs)
+    assert g["sd_c8_over_ar_c8"]["value"] == 1.5 and g["sd_bf16_c8_over_ar_bf16_c8"]["value"] == 1.4
+    assert not any(name.startswith("ar_bf16") for name in g)

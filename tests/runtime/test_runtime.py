@@ -263,3 +263,80 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
         torch.testing.assert_close(fast.logits, plain.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fast.taps, plain.taps, rtol=1e-5, atol=1e-5)
         assert torch.equal(fast.logits.argmax(-1), plain.logits.argmax(-1))
+
+
+def test_the_batch_invariant_layout_equals_transformers(hf):
+    """One query per head over whole key blocks (float64, forced on): a decode, a 3-token
+    verify, a tree and a long prompt chunk in one pass, each against its own HF reference."""
+    s = Weights.from_hf(hf).shape
+    fwd = Forward(Weights.from_hf(hf), KVPool(s.layers, 4, s.kv_heads, s.max_len, s.head_dim,
+                                              torch.float64), TAPS, invariant=True)
+    assert fwd.rows >= 1 and fwd.key_block
+    prompts = [seq(5, 40), seq(17, 41), seq(9, 42), []]
+    slots = [fwd.pool.acquire() for _ in prompts]
+    for slot, p in zip(slots[:3], prompts, strict=False):
+        fwd([Row(slot, p, logits_at=[len(p) - 1])])
+    tree = torch.ones(3, 3, dtype=torch.bool).tril()
+    tree[2, 1] = False
+    news = [seq(1, 43), seq(3, 44), seq(3, 45), seq(40, 46)]
+    rows = [Row(slot, n, logits_at=range(len(n)), taps_at=range(len(n)),
+                ancestors=tree if slot == slots[2] else None)
+            for slot, n in zip(slots, news, strict=True)]
+    for row, out, p, n in zip(rows, fwd(rows), prompts, news, strict=True):
+        seen = row.ancestors
+        if seen is None:
+            seen = torch.ones(len(n), len(n), dtype=torch.bool).tril()
+        for j in range(len(n)):
+            logits, taps = reference(hf, p + [n[i] for i in range(len(n)) if seen[j, i]])
+            torch.testing.assert_close(out.logits[j], logits[-1], **TOL)
+            torch.testing.assert_close(out.taps[j], taps[-1], **TOL)
+
+
+def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
+    """Batch invariance, on by default in bfloat16: each token's logits are exactly those of
+    decoding it alone, whether it comes in a k-token verify, next to other requests and a prompt
+    chunk, or after a prompt prefilled in two chunks (speculative decoding in bfloat16 then
+    commits exactly plain decoding's tokens)."""
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.bfloat16).eval()
+    model.load_state_dict({k: v.bfloat16() for k, v in hf.state_dict().items()})
+    w = Weights.from_hf(model)
+    s = w.shape
+    fwd = Forward(w, KVPool(s.layers, 5, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16))
+    assert fwd.rows is not None  # the default in bfloat16
+    prompt, draft = seq(11, 50), seq(20, 51)
+    a = fwd.pool.acquire()
+    fwd([Row(a, prompt, logits_at=[10])])
+    alone = [fwd([Row(a, [t], logits_at=[0])])[0].logits[0] for t in draft]
+
+    def same(out, n):
+        assert all(torch.equal(out.logits[i], alone[i]) for i in range(n))
+
+    others = [fwd.pool.acquire() for _ in range(3)]
+    for slot, n in zip(others, (3, 30, 7), strict=True):
+        fwd([Row(slot, seq(n, 60 + n), logits_at=[n - 1])])
+    for k in (2, 5, 9, 17, 20):
+        fwd.pool.crop(a, len(prompt))
+        same(fwd([Row(a, draft[:k], logits_at=range(k))])[0], k)
+        fwd.pool.crop(a, len(prompt))
+        chunk = fwd.pool.acquire()
+        batch = [Row(slot, seq(n, k + n), logits_at=[0])
+                 for slot, n in zip(others, (1, 4, 2), strict=True)]
+        out = fwd([*batch, Row(a, draft[:k], logits_at=range(k)),
+                   Row(chunk, seq(40, k), logits_at=[39])])
+        same(out[3], k)
+        fwd.pool.release(chunk)
+        for row in batch:
+            fwd.pool.crop(row.slot, fwd.pool.lengths[row.slot] - len(row.ids))
+    b = fwd.pool.acquire()
+    fwd([Row(b, prompt[:4], logits_at=[3])])
+    fwd([Row(b, prompt[4:], logits_at=[6])])
+    same(fwd([Row(b, draft[:6], logits_at=range(6))])[0], 6)
+
+
+def test_batch_invariance_is_the_default_only_in_bfloat16(hf):
+    s = Weights.from_hf(hf).shape
+    for dtype, on in ((torch.float64, False), (torch.float32, False), (torch.bfloat16, True)):
+        model = AutoModelForCausalLM.from_config(hf.config, dtype=dtype).eval()
+        fwd = Forward(Weights.from_hf(model), KVPool(s.layers, 1, s.kv_heads, s.max_len,
+                                                     s.head_dim, dtype))
+        assert (fwd.rows is not None) == on and (fwd.key_block is not None) == on
