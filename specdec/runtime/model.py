@@ -166,11 +166,11 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
     ``key_block`` (batch invariance) the short rows' group reads whole key blocks, through a
     mask."""
     short = sorted((b for b, r in enumerate(rows) if len(r.ids) <= SHORT), key=lambda b: rows[b].slot)
-    parts = ([short] if short else []) + [[b] for b, r in enumerate(rows) if len(r.ids) > SHORT]
+    parts = ([(short, True)] if short else []) + [([b], False) for b, r in enumerate(rows)
+                                                  if len(r.ids) > SHORT]
     groups, offsets, positions, start = [], [0] * len(rows), [], 0
-    for members in parts:
-        short = len(rows[members[0]].ids) <= SHORT
-        block = key_block if short else None
+    for members, is_short in parts:
+        block = key_block if is_short else None
         pos, mask = positions_and_mask([rows[b] for b in members], [lengths[b] for b in members],
                                        device, block, max_len)
         ns = [len(rows[b].ids) for b in members]
@@ -184,7 +184,7 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
         groups.append(Group(members, start, sum(ns), T, mask.shape[-1],
                             None if T == 1 and B == 1 and not block else mask,
                             (slots[0], slots[0] + B) if consecutive else None,
-                            torch.tensor(slots, device=device), where, short))
+                            torch.tensor(slots, device=device), where, is_short))
         for b, n in zip(members, ns, strict=True):
             offsets[b] = start
             start += n
