@@ -120,14 +120,15 @@ def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS) -> int:
 
 
 def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device,
-                       key_block: int | None = None, max_len: int = 0):
+                       key_block: int | None = None, max_len: int | None = None):
     """pos: [B, T] absolute positions (depth in a tree); mask: [B, 1, T, C] keys each query sees,
     T and C the group's longest new length and context (padded queries see key 0 only); with a
     ``key_block``, C is rounded up to whole blocks (at most ``max_len``)."""
     T = max(len(r.ids) for r in rows)
     C = max(c + len(r.ids) for r, c in zip(rows, lengths, strict=True))
     if key_block:
-        C = min(max_len, -(-C // key_block) * key_block)
+        C = -(-C // key_block) * key_block
+        C = C if max_len is None else min(C, max_len)
     pos = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T, C, dtype=torch.bool)
     mask[:, :, 0] = True  # so no softmax row is empty
@@ -159,7 +160,7 @@ class Group:
 
 
 def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
-                key_block: int | None = None, max_len: int = 0):
+                key_block: int | None = None, max_len: int | None = None):
     """Lay a batch out flat: one group of the short rows (decodes and verifies, padded to the
     longest), then each long row (a prompt chunk) alone, so no prompt pads a decode. Returns the
     groups, each row's first flat token, and the flat tokens' RoPE positions [N]. With a
@@ -206,7 +207,11 @@ class Forward:
                          and BATCH_INVARIANT.get(weights.embed.dtype, False))
         # batch invariance: linears over at most this many rows at once (None: off)
         self.rows = invariant_rows(weights) if invariant else None
-        self.key_block = KEY_BLOCK if invariant else None
+
+    @property
+    def key_block(self) -> int | None:
+        """Batch invariant: the short rows read keys in whole blocks of this many (else None)."""
+        return None if self.rows is None else KEY_BLOCK
 
     def linear(self, x: torch.Tensor, p: Proj, parts: list[int] | None = None) -> torch.Tensor:
         """x: [N, in] -> [N, out]. Batch invariant: the plain weight, one call per part of the
@@ -261,7 +266,7 @@ class Forward:
                                 device=device)
         cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [N, 1, d]
         for g in groups:
-            invariant = self.key_block is not None and g.short
+            invariant = self.rows is not None and g.short
             if len(g.rows) > 1 or invariant:  # a group padded along the keys reads past a
                 for b in g.rows:  # slot's end
                     pool.ensure_clean(rows[b].slot, g.C)
