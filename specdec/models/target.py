@@ -145,7 +145,7 @@ class TargetModel:
                     for s, new, only in zip(states, ids, last, strict=True)]
         want_taps = taps and bool(self.tap_layers)
         rows = [Row(s.slot, new, logits_at=[len(new) - 1] if only else range(len(new)),
-                    taps_at=range(len(new)) if want_taps else ())
+                    taps_at=range(len(new)) if want_taps else (), chunk=only)  # a prefill
                 for s, new, only in zip(states, ids, last, strict=True)]
         outs = self.runtime(rows)
         for state, new in zip(states, ids, strict=True):

@@ -24,12 +24,12 @@ exactly the tokens plain decoding does. Two things vary with the batch otherwise
 on the bfloat16 kernels of a 2-core Xeon with AMX (docs/BENCHMARKS.md, 2026-12-02): a linear over
 more than some number of rows picks another kernel (there, past 32; ``invariant_rows`` finds the
 bound for the model's shapes at load, and the linears run in pieces of it), and SDPA's result for
-a query depends on how many queries share its head and on the tail of the key count. So the short
-rows (decodes and verifies) attend one query per head -- a row's tokens become heads of their
-own, ``[B, kvh * T * g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back -- over
-keys padded to whole ``KEY_BLOCK``s (masked out: they add exact zeros). A prompt chunk (a long
-row) only needs computing the same way every time it comes: its attention stays SDPA's own and
-its linears take it in one call, and the scheduler cuts prompts at fixed points
+a query depends on how many queries share its head and on the tail of the key count. So rows
+(decodes, verifies of any length) attend one query per head -- a row's tokens become heads of
+their own, ``[B, kvh * T * g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back --
+over keys padded to whole ``KEY_BLOCK``s (masked out: they add exact zeros). A long prompt chunk
+(``Row.chunk``) only needs computing the same way every time it comes: its attention stays
+SDPA's own and its linears take it in one call, and the scheduler cuts prompts at fixed points
 (``actors.scheduler``), so a chunk is the same in every run.
 
 It is not a model zoo: ``weights.py`` says which configs it runs; the rest stay on transformers.
@@ -58,6 +58,9 @@ class Row:
     # [n, n] bool: ancestors[i, j] = new token i sees new token j (j == i and j's ancestors);
     # None = causal. Ancestors come first (lower triangular); a node sits at depth = row sum - 1.
     ancestors: torch.Tensor | None = None
+    # a prompt chunk, cut by the caller at the same points in every run: batch invariance may
+    # compute it as one piece (SDPA's own attention, one linear call) when it is long
+    chunk: bool = False
 
     def __post_init__(self):
         if not self.ids:
@@ -155,8 +158,8 @@ class Group:
     span: tuple[int, int] | None  # slots lo..hi-1 when they are consecutive: read as a view
     slots: torch.Tensor  # [B], for a gather when they are not
     where: tuple[torch.Tensor, torch.Tensor] | None  # (b, t) of each token; None: no padding
-    short: bool = True  # decodes and verifies (else one prompt chunk)
-    head_mask: torch.Tensor | None = None  # batch invariant short rows: [B, kvh * T * g, 1, C]
+    whole: bool = False  # a long prompt chunk: batch invariance computes it as one piece
+    head_mask: torch.Tensor | None = None  # batch invariant, not whole: [B, kvh * T * g, 1, C]
 
 
 def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
@@ -164,14 +167,14 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
     """Lay a batch out flat: one group of the short rows (decodes and verifies, padded to the
     longest), then each long row (a prompt chunk) alone, so no prompt pads a decode. Returns the
     groups, each row's first flat token, and the flat tokens' RoPE positions [N]. With a
-    ``key_block`` (batch invariance) the short rows' group reads whole key blocks, through a
-    mask."""
+    ``key_block`` (batch invariance) every group but a long prompt chunk's reads whole key
+    blocks, through a mask."""
     short = sorted((b for b, r in enumerate(rows) if len(r.ids) <= SHORT), key=lambda b: rows[b].slot)
-    parts = ([(short, True)] if short else []) + [([b], False) for b, r in enumerate(rows)
-                                                  if len(r.ids) > SHORT]
+    parts = ([(short, False)] if short else []) + [([b], r.chunk) for b, r in enumerate(rows)
+                                                   if len(r.ids) > SHORT]
     groups, offsets, positions, start = [], [0] * len(rows), [], 0
-    for members, is_short in parts:
-        block = key_block if is_short else None
+    for members, whole in parts:
+        block = None if whole else key_block
         pos, mask = positions_and_mask([rows[b] for b in members], [lengths[b] for b in members],
                                        device, block, max_len)
         ns = [len(rows[b].ids) for b in members]
@@ -185,7 +188,7 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
         groups.append(Group(members, start, sum(ns), T, mask.shape[-1],
                             None if T == 1 and B == 1 and not block else mask,
                             (slots[0], slots[0] + B) if consecutive else None,
-                            torch.tensor(slots, device=device), where, is_short))
+                            torch.tensor(slots, device=device), where, whole))
         for b, n in zip(members, ns, strict=True):
             offsets[b] = start
             start += n
@@ -210,7 +213,8 @@ class Forward:
 
     @property
     def key_block(self) -> int | None:
-        """Batch invariant: the short rows read keys in whole blocks of this many (else None)."""
+        """Batch invariant: every group but a long prompt chunk's reads keys in whole blocks of
+        this many (else None)."""
         return None if self.rows is None else KEY_BLOCK
 
     def linear(self, x: torch.Tensor, p: Proj, parts: list[int] | None = None) -> torch.Tensor:
@@ -232,14 +236,14 @@ class Forward:
         return F.linear(x, p.w, p.bias)
 
     def parts(self, groups: list[Group]) -> list[int] | None:
-        """Batch invariant: how the linears cut the flat tokens -- the short rows' group in
-        pieces of at most ``self.rows`` (each row's outputs are then what they are alone), each
-        prompt chunk whole (it always comes whole). None when not batch invariant."""
+        """Batch invariant: how the linears cut the flat tokens -- each group in pieces of at
+        most ``self.rows`` (each row's outputs are then what they are alone), a long prompt
+        chunk whole (it always comes whole). None when not batch invariant."""
         if self.rows is None:
             return None
         out = []
         for g in groups:
-            if not g.short:  # a prompt chunk
+            if g.whole:  # a long prompt chunk
                 out.append(g.size)
             else:
                 whole, rest = divmod(g.size, self.rows)
@@ -266,7 +270,7 @@ class Forward:
                                 device=device)
         cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [N, 1, d]
         for g in groups:
-            invariant = self.rows is not None and g.short
+            invariant = self.rows is not None and not g.whole
             if len(g.rows) > 1 or invariant:  # a group padded along the keys reads past a
                 for b in g.rows:  # slot's end
                     pool.ensure_clean(rows[b].slot, g.C)

@@ -294,8 +294,8 @@ def test_the_batch_invariant_layout_equals_transformers(hf):
 
 def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
     """Batch invariance, on by default in bfloat16: each token's logits are exactly those of
-    decoding it alone, whether it comes in a k-token verify, next to other requests and a prompt
-    chunk, or after a prompt prefilled in two chunks (speculative decoding in bfloat16 then
+    decoding it alone, whether it comes in a k-token verify (also one longer than SHORT), next
+    to other requests and a prompt chunk, or after a prompt prefilled in two chunks (speculative decoding in bfloat16 then
     commits exactly plain decoding's tokens)."""
     model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.bfloat16).eval()
     model.load_state_dict({k: v.bfloat16() for k, v in hf.state_dict().items()})
@@ -303,7 +303,7 @@ def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
     s = w.shape
     fwd = Forward(w, KVPool(s.layers, 5, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16))
     assert fwd.rows is not None  # the default in bfloat16
-    prompt, draft = seq(11, 50), seq(20, 51)
+    prompt, draft = seq(11, 50), seq(40, 51)
     a = fwd.pool.acquire()
     fwd([Row(a, prompt, logits_at=[10])])
     alone = [fwd([Row(a, [t], logits_at=[0])])[0].logits[0] for t in draft]
@@ -314,7 +314,7 @@ def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
     others = [fwd.pool.acquire() for _ in range(3)]
     for slot, n in zip(others, (3, 30, 7), strict=True):
         fwd([Row(slot, seq(n, 60 + n), logits_at=[n - 1])])
-    for k in (2, 5, 9, 17, 20):
+    for k in (2, 5, 9, 17, 20, 40):  # 40: past SHORT, a long row that is not a prompt chunk
         fwd.pool.crop(a, len(prompt))
         same(fwd([Row(a, draft[:k], logits_at=range(k))])[0], k)
         fwd.pool.crop(a, len(prompt))
@@ -322,7 +322,7 @@ def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
         batch = [Row(slot, seq(n, k + n), logits_at=[0])
                  for slot, n in zip(others, (1, 4, 2), strict=True)]
         out = fwd([*batch, Row(a, draft[:k], logits_at=range(k)),
-                   Row(chunk, seq(40, k), logits_at=[39])])
+                   Row(chunk, seq(40, k), logits_at=[39], chunk=True)])
         same(out[3], k)
         fwd.pool.release(chunk)
         for row in batch:
@@ -340,3 +340,28 @@ def test_batch_invariance_is_the_default_only_in_bfloat16(hf):
         fwd = Forward(Weights.from_hf(model), KVPool(s.layers, 1, s.kv_heads, s.max_len,
                                                      s.head_dim, dtype))
         assert (fwd.rows is not None) == on and (fwd.key_block is not None) == on
+
+
+@pytest.mark.slow
+def test_smollm2_bfloat16_verifies_of_any_length_are_bitwise_decoding():
+    """The real target in bfloat16: a 40-token verify (past SHORT: a long row that is not a
+    prompt chunk) and a 17-token one beside another request and a 60-token prompt chunk give
+    each token exactly its logits from decoding it alone (on the AMX Xeon of 2026-12-02 a
+    40-token verify computed as one piece differed at every position)."""
+    from specdec.engine.loading import load_target
+
+    target = load_target("smollm2-135m", dtype="bfloat16", kv_slots=3)
+    fwd, pool = target.runtime, target.runtime.pool
+    assert fwd.rows is not None
+    prompt, draft = seq(50, 70), seq(40, 71)
+    a, b, c = pool.acquire(), pool.acquire(), pool.acquire()
+    fwd([Row(a, prompt, logits_at=[49], chunk=True)])
+    fwd([Row(b, prompt[:20], logits_at=[19])])
+    alone = [fwd([Row(a, [t], logits_at=[0])])[0].logits[0] for t in draft]
+    pool.crop(a, len(prompt))
+    out = fwd([Row(a, draft, logits_at=range(40))])[0]
+    assert all(torch.equal(out.logits[i], alone[i]) for i in range(40))
+    pool.crop(a, len(prompt))
+    out = fwd([Row(b, draft[:3], logits_at=[0]), Row(a, draft[:17], logits_at=range(17)),
+               Row(c, seq(60, 72), logits_at=[59], chunk=True)])[1]
+    assert all(torch.equal(out.logits[i], alone[i]) for i in range(17))
