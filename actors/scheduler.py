@@ -140,6 +140,8 @@ class Work:
             return len(self.payload.prompt_ids) - self.fed
         if isinstance(self.payload, Draft):
             return len(self.payload.tokens) + 1
+        if isinstance(self.payload, DraftCall):  # drafted in the step: at most its limit
+            return self.payload.limit + 1
         return 0
 
 
@@ -199,7 +201,7 @@ class BatchLoop:
             if not w.future.done():
                 w.future.set_exception(Closed(f"request {rid} was closed"))
         with self.model_lock:
-            self.worker.close(rid)
+            self.release(rid)
 
     def stop(self) -> None:
         with self.cond:
@@ -233,9 +235,9 @@ class BatchLoop:
                 except Exception as e:  # noqa: BLE001 -- the whole step failed: so did its items
                     results = {w.rid: e for w, _ in batch}
                     for w, _ in batch:
-                        self.worker.close(w.rid)
-                slots = len(self.worker.requests)
-            self._resolve(batch, results, started, time.perf_counter() - started, slots)
+                        self.release(w.rid)
+                slots, tokens = len(self.worker.requests), self.fed(batch)
+            self._resolve(batch, results, started, time.perf_counter() - started, slots, tokens)
 
     def _gather(self) -> list[tuple[Work, int]] | None:
         """Wait for work and for the gathering rule; return the step's items (under cond)."""
@@ -273,9 +275,9 @@ class BatchLoop:
     def priority(w: Work):
         return (w.skipped == 0, w.arrived)
 
-    def _resolve(self, batch, results: dict, started: float, seconds: float, slots: int) -> None:
+    def _resolve(self, batch, results: dict, started: float, seconds: float, slots: int,
+                 tokens: int) -> None:
         step = next(self.steps)
-        tokens = sum(n for _, n in batch)
         with self.cond:
             self.last_step_s, self.last_step_end = seconds, started + seconds
             for w, _ in batch:
@@ -300,6 +302,14 @@ class BatchLoop:
                 w.future.set_result(Done(value, room, cap, info))
 
     # ---- what a step is ---------------------------------------------------------------------
+    def release(self, rid: str) -> None:
+        """Free the request's state in the worker (under ``model_lock``)."""
+        self.worker.close(rid)
+
+    def fed(self, batch: list[tuple[Work, int]]) -> int:
+        """Target tokens the step just run fed (its items' planned costs, unless told)."""
+        return sum(n for _, n in batch)
+
     def plan(self, ordered: list[Work]) -> list[tuple[Work, int]]:
         """The items of the next step, from the queue in priority order, with how far each
         goes (target tokens fed); at least one item."""
@@ -315,16 +325,47 @@ class BatchLoop:
 
 
 class TargetScheduler(BatchLoop):
-    """Steps of one ragged target forward: see the module docstring."""
+    """Steps of one ragged target forward: see the module docstring. With ``build_drafter``
+    it also runs a drafter without a model (n-gram, suffix) on its own thread: a ``round``
+    commits the request's previous round to it, drafts, and verifies, all in one step."""
 
     name = "target-scheduler"
     worker: TargetWorker
+
+    def __init__(self, build: Callable[[], TargetWorker], config: BatchingConfig,
+                 build_drafter: Callable[[TargetWorker], DraftWorker] | None = None):
+        self.drafter: DraftWorker | None = None
+        self.last_fed = 0  # target tokens the last step fed
+
+        def both() -> TargetWorker:
+            worker = build()
+            if build_drafter is not None:
+                self.drafter = build_drafter(worker)
+            return worker
+
+        super().__init__(both, config)
 
     def open(self, rid: str, req: OpenRequest) -> Future:
         return self.submit(rid, req)
 
     def verify(self, rid: str, draft: Draft) -> Future:
         return self.submit(rid, draft)
+
+    def round(self, rid: str, call: DraftCall) -> Future:
+        """Commit the previous round, draft and verify, in one step (needs the drafter)."""
+        if self.drafter is None:
+            raise ValueError("this target runs no drafter: send its drafts with verify")
+        return self.submit(rid, call)
+
+    def release(self, rid: str) -> None:
+        self.worker.close(rid)
+        if self.drafter is not None:
+            self.drafter.close(rid)
+
+    def fed(self, batch: list[tuple[Work, int]]) -> int:
+        """What the step fed: a ``round``'s draft is known only once drafted (plan counts its
+        limit)."""
+        return self.last_fed
 
     @staticmethod
     def priority(w: Work):
@@ -354,11 +395,13 @@ class TargetScheduler(BatchLoop):
         return not isinstance(w.payload, OpenRequest) or w.fed + n >= len(w.payload.prompt_ids)
 
     def execute(self, batch: list[tuple[Work, int]]) -> dict:
-        failed, prefill, drafts = {}, {}, {}
+        failed, prefill, drafts, calls, opens = {}, {}, {}, {}, {}
         for w, n in batch:
-            if isinstance(w.payload, Draft):
+            if not isinstance(w.payload, OpenRequest):
                 if w.rid not in self.worker.requests:
                     failed[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
+                elif isinstance(w.payload, DraftCall):
+                    calls[w.rid] = w.payload
                 else:
                     drafts[w.rid] = w.payload
                 continue
@@ -369,17 +412,41 @@ class TargetScheduler(BatchLoop):
                     failed[w.rid] = e
                     continue
                 w.admitted = True
-            prefill[w.rid] = n
+            prefill[w.rid], opens[w.rid] = n, w.payload
             w.fed += n
+        made = self._draft_here(calls, failed)
+        drafts |= made
+        self.last_fed = sum(prefill.values()) + sum(len(d.tokens) + 1 for d in drafts.values())
         out = self.worker.step(prefill, drafts)
         results: dict = {**failed, **out.failed}
         for rid, features in out.opened.items():
-            results[rid] = (features, self.worker.room(rid))
+            results[rid] = self._opened(rid, opens[rid], features)
         for rid, result in out.verified.items():
-            results[rid] = (result, self.worker.room(rid))
+            value = (made[rid], result) if rid in made else result
+            results[rid] = (value, self.worker.room(rid))
         for rid in prefill:  # a chunk that did not finish the prompt
             results.setdefault(rid, None)
         return results
+
+    def _draft_here(self, calls: dict[str, DraftCall], failed: dict) -> dict[str, Draft]:
+        """The drafts of this step's ``round`` calls, by the drafter this target runs; a
+        request whose commit or draft fails goes to ``failed``."""
+        made = {}
+        for rid, value in draft_rounds(self.drafter, calls).items():
+            if isinstance(value, Exception):
+                failed[rid] = value
+            else:
+                made[rid] = value
+        return made
+
+    def _opened(self, rid: str, req: OpenRequest, features):
+        """A prompt fully prefilled: start the drafter this target runs on it, if any."""
+        if self.drafter is not None:
+            try:
+                self.drafter.open({rid: req}, {rid: None})  # a drafter without a model reads no features
+            except Exception as e:  # noqa: BLE001 -- this request only
+                return e
+        return features, self.worker.room(rid)
 
 
 @dataclass(frozen=True)
@@ -425,14 +492,8 @@ class DraftScheduler(BatchLoop):
                 results[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
             else:
                 calls[w.rid] = w.payload
-        results.update(self._commit({rid: c.commit for rid, c in calls.items()
-                                     if c.commit is not None}))
-        limits = {rid: c.limit for rid, c in calls.items() if rid not in results and c.limit > 0}
-        drafts = self._draft(limits)
-        for rid in calls:
-            if rid not in results:
-                value = drafts.get(rid, Draft([], None))
-                results[rid] = value if isinstance(value, Exception) else (value, 0)
+        for rid, value in draft_rounds(self.worker, calls).items():
+            results[rid] = value if isinstance(value, Exception) else (value, 0)
         return results
 
     def _open(self, rid: str, call: DraftOpen):
@@ -442,34 +503,50 @@ class DraftScheduler(BatchLoop):
             return e
         return None, 0
 
-    def _commit(self, commits: dict) -> dict[str, Exception]:
-        """One batched commit (it checks every request before it changes any); should it fail,
-        each request alone, so only the bad one fails. Returns the failures."""
-        try:
-            self.worker.commit_batch(commits)
-            return {}
-        except Exception:  # noqa: BLE001
-            failed = {}
-            for rid, commit in commits.items():
-                try:
-                    self.worker.commit_batch({rid: commit})
-                except Exception as e:  # noqa: BLE001
-                    failed[rid] = e
-            return failed
 
-    def _draft(self, limits: dict[str, int]) -> dict:
-        """One batched draft; should it fail, each request alone, so only the bad one fails
-        (a half-run batch may have moved some drafters' state: their next drafts may differ,
-        never the committed tokens, which verification decides)."""
-        if not limits:
-            return {}
-        try:
-            return self.worker.draft_batch(limits)
-        except Exception:  # noqa: BLE001
-            drafts = {}
-            for rid, limit in limits.items():
-                try:
-                    drafts[rid] = self.worker.draft_batch({rid: limit})[rid]
-                except Exception as e:  # noqa: BLE001
-                    drafts[rid] = e
-            return drafts
+def draft_rounds(worker: DraftWorker, calls: dict[str, DraftCall]) -> dict:
+    """Per request, commit its previous round (if any), then draft up to its limit: one batched
+    commit and one batched draft. Returns each request's ``Draft``, or the exception that
+    failed it alone."""
+    if not calls:
+        return {}
+    failed = _commit_each(worker, {rid: c.commit for rid, c in calls.items()
+                                   if c.commit is not None})
+    limits = {rid: c.limit for rid, c in calls.items() if rid not in failed and c.limit > 0}
+    drafts = _draft_each(worker, limits)
+    return {rid: failed[rid] if rid in failed else drafts.get(rid, Draft([], None))
+            for rid in calls}
+
+
+def _commit_each(worker: DraftWorker, commits: dict) -> dict[str, Exception]:
+    """One batched commit (it checks every request before it changes any); should it fail,
+    each request alone, so only the bad one fails. Returns the failures."""
+    try:
+        worker.commit_batch(commits)
+        return {}
+    except Exception:  # noqa: BLE001
+        failed = {}
+        for rid, commit in commits.items():
+            try:
+                worker.commit_batch({rid: commit})
+            except Exception as e:  # noqa: BLE001
+                failed[rid] = e
+        return failed
+
+
+def _draft_each(worker: DraftWorker, limits: dict[str, int]) -> dict:
+    """One batched draft; should it fail, each request alone, so only the bad one fails (a
+    half-run batch may have moved some drafters' state: their next drafts may differ, never the
+    committed tokens, which verification decides)."""
+    if not limits:
+        return {}
+    try:
+        return worker.draft_batch(limits)
+    except Exception:  # noqa: BLE001
+        drafts = {}
+        for rid, limit in limits.items():
+            try:
+                drafts[rid] = worker.draft_batch({rid: limit})[rid]
+            except Exception as e:  # noqa: BLE001
+                drafts[rid] = e
+        return drafts

@@ -9,6 +9,11 @@ Calls run concurrently (Ray gives the actor a thread per call in flight); each s
 work to the ``TargetScheduler``, which verifies every waiting request's draft (and prefills
 new prompts, chunked) in one ragged forward: continuous batching. The model loads and runs on
 the scheduler's thread alone (``actors.scheduler``: one model thread).
+
+A drafter without a model (n-gram, suffix: lookups, no forward) may run here too
+(``local_drafter``): then one ``round`` call commits the previous round, drafts and verifies,
+in one step, with no drafter actor between two target steps. The drafting is the same
+``DraftWorker`` code, so the tokens are too.
 It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
 """
 
@@ -21,11 +26,14 @@ import torch
 
 from actors.host import RequestHost
 from actors.leases import Leases, require_state
-from actors.scheduler import BatchingConfig, StepInfo, TargetScheduler
-from specdec.engine.loading import load_target, target_taps
+from actors.scheduler import BatchingConfig, DraftCall, StepInfo, TargetScheduler
+from specdec.engine.loading import load_drafter, load_target, target_taps
+from specdec.engine.rounds import Commit
 from specdec.engine.settings import GenerationParams
-from specdec.engine.workers import Draft, OpenRequest, RoundResult, TargetWorker
+from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
+from specdec.models.drafters import runs_no_model
 from specdec.models.registry import resolve_model_ref
+from specdec.models.suffix import SuffixConfig
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class TargetInfo:
     vocab_size: int
     eos_token_ids: frozenset[int]
     threads: int  # torch threads the actor runs on
+    drafts: bool = False  # it runs the drafter itself: rounds go to ``round``, not ``verify``
 
 
 @dataclass(frozen=True)
@@ -51,12 +60,13 @@ class Verified:
     room: int  # draft tokens the context has room for in the next round
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
     step: StepInfo | None = None
+    draft: Draft | None = None  # the draft it verified, when this actor drafted it (``round``)
 
 
 class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                  threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu",
-                 kv_slots: int = 8, batching: dict | None = None):
+                 kv_slots: int = 8, batching: dict | None = None, local_drafter: dict | None = None):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
@@ -65,13 +75,19 @@ class TargetActor(RequestHost):
             target = load_target(target_ref, drafter_ref, dtype, device, kv_slots)
             return TargetWorker(target, features=bool(target_taps(drafter_ref)))
 
-        self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching))
+        self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching),
+                                         drafter_builder(local_drafter, dtype))
         self.worker = self.scheduler.worker
         self.leases = Leases(idle_ttl_s)
 
     def info(self) -> TargetInfo:
         t = self.worker.target_model
-        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads())
+        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads(),
+                          self.scheduler.drafter is not None)
+
+    def active(self) -> list[str]:
+        drafter = self.scheduler.drafter
+        return sorted(set(self.worker.requests) | set(drafter.requests if drafter else ()))
 
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> Opened:
         self.sweep()
@@ -84,6 +100,32 @@ class TargetActor(RequestHost):
         done = self._guarded(rid, self._wait, self.scheduler.verify(rid, draft))
         return Verified(done.value, done.room, done.draft_cap, done.info)
 
+    def round(self, rid: str, limit: int, commit: Commit | None = None) -> Verified:
+        """With the drafter on this actor: commit the previous round (when given), draft up to
+        ``limit`` tokens and verify them, in one step."""
+        require_state(self.worker.requests, rid)
+        call = DraftCall(limit, None if commit is None else (commit.result, commit.drafted))
+        done = self._guarded(rid, lambda: self.scheduler.round(rid, call).result())
+        draft, result = done.value
+        return Verified(result, done.room, done.draft_cap, done.info, draft)
+
     @staticmethod
     def _wait(future):
         return future.result()
+
+
+def drafter_builder(spec: dict | None, dtype: str):
+    """How the target actor builds the drafter it runs itself, for ``spec`` = {"drafter": a
+    drafter without a model (n-gram, suffix), "suffix": its SuffixConfig fields}; None: none."""
+    if spec is None:
+        return None
+    ref, suffix = spec["drafter"], spec.get("suffix")
+    if not runs_no_model(ref):
+        raise ValueError(f"the target runs only a drafter without a model (n-gram, suffix) "
+                         f"itself, not {ref!r}")
+
+    def build(worker: TargetWorker) -> DraftWorker:
+        target = worker.target_model
+        return DraftWorker(load_drafter(ref, target, dtype, SuffixConfig(**suffix) if suffix else None))
+
+    return build

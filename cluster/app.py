@@ -61,15 +61,19 @@ def device_of(resources: Resources) -> str:
 
 
 def spawn_actors(args: ServeArgs):
-    """Start the target actor and (unless drafter=none) the drafter actor; return handles."""
+    """Start the target actor and, for a drafter that runs in an actor of its own (see
+    ``ServeArgs.drafter_placement``), the drafter actor; return both handles (None: no drafter
+    actor)."""
     ttl = args.limits.idle_ttl_s
     batching, calls = args.batching.actor_config(), args.limits.kv_slots + 8
+    local = ({"drafter": args.drafter, "suffix": args.suffix.model_dump()}
+             if args.drafter_on_target else None)
     target_actor = actor_class(TargetActor, calls).options(
         **actor_options(args.target_resources, args)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
-        batching)
-    if args.drafter == "none":
+        batching, local)
+    if args.drafter == "none" or local is not None:
         return target_actor, None
     drafter_actor = actor_class(DrafterActor, calls).options(
         **actor_options(args.drafter_resources, args)).remote(

@@ -4,8 +4,10 @@ The round is ``specdec.engine.rounds.RoundProgram``, the very program the engine
 same limit, truncation, finishing and stats), so served tokens equal engine tokens; this module
 answers its steps with awaited actor calls. Per round: draft on the drafter actor, which first
 commits the previous round's result (the program's ``Commit`` is held back and sent with the
-next draft call), then verify on the target actor. Two actor calls per round; only token ids,
-stats and a few feature rows cross. Many requests run concurrently on one event loop; the
+next draft call), then verify on the target actor: two actor calls. A target that runs the
+drafter itself (n-gram, suffix: ``TargetInfo.drafts``) takes the whole round in one call,
+``round``, which answers both the program's Propose and its Verify. Only token ids, stats and a
+few feature rows cross. Many requests run concurrently on one event loop; the
 actors batch the calls that wait at the same time (one target forward verifies them all), and
 each answer carries the load-aware cap on the next draft, which shrinks as the batch grows.
 ``reap`` frees state an actor holds for a request with no running loop (an orphan: a loop whose
@@ -54,9 +56,12 @@ def detached(fn, *args) -> None:
 
 
 class Orchestrator:
-    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None):
+    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None,
+                 target_drafts: bool = False):
         self.target_actor = target_actor  # Ray actor handle of a TargetActor
-        self.drafter_actor = drafter_actor  # of a DrafterActor, or None (plain decoding)
+        # of a DrafterActor, or None: plain decoding, or the target drafts (``target_drafts``)
+        self.drafter_actor = drafter_actor
+        self.target_drafts = target_drafts
         self.eos = eos_token_ids
         # optional: .round(draft, result, seconds), .finished(program), and for the target's
         # batching .step(StepInfo) once per step and .queued(seconds) once per target call
@@ -73,14 +78,21 @@ class Orchestrator:
         steps = program.steps(self.eos)
         try:
             step, answer, commit, t1 = next(steps), None, None, t0
+            verified = None  # the target's round answer, when it drafted too
             while not isinstance(step, rounds.Finish):
                 match step:
                     case rounds.Open():
                         answer = await self._open(rid, step)
+                    case rounds.Propose(limit) if self.target_drafts:
+                        t1 = time.perf_counter()
+                        answer, verified = await self._round(rid, limit, commit, t1)
+                        commit = None
                     case rounds.Propose(limit):
                         t1 = time.perf_counter()
                         answer = await self._draft(rid, limit, commit)
                         commit = None
+                    case rounds.Verify() if verified is not None:
+                        answer, verified = verified, None
                     case rounds.Verify(draft):
                         answer = await self._verify(rid, draft, t1)
                     case rounds.Commit():
@@ -117,6 +129,15 @@ class Orchestrator:
             self.observer.round(draft, verified.result, time.perf_counter() - t_round)
         self._observe(verified.step)
         return rounds.Verified(verified.result, verified.room, verified.draft_cap)
+
+    async def _round(self, rid: str, limit: int, commit: rounds.Commit | None,
+                     t_round: float) -> tuple[Draft, rounds.Verified]:
+        """The whole round on a target that drafts: the draft it made, and its verification."""
+        verified = await self.target_actor.round.remote(rid, limit, commit)
+        if self.observer is not None:
+            self.observer.round(verified.draft, verified.result, time.perf_counter() - t_round)
+        self._observe(verified.step)
+        return verified.draft, rounds.Verified(verified.result, verified.room, verified.draft_cap)
 
     def _observe(self, info) -> None:
         if self.observer is None or info is None:

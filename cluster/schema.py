@@ -19,6 +19,7 @@ from actors.scheduler import BatchingConfig
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
+from specdec.models.drafters import runs_no_model
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -104,6 +105,10 @@ class ServeArgs(Strict):
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)
+    # Where the drafter runs: "actor" (its own actor, drafter_resources), "target" (on the target
+    # actor's model thread: only a drafter without a model, n-gram or suffix), "auto" (target
+    # for those, actor for the others).
+    drafter_placement: Literal["auto", "actor", "target"] = "auto"
     server_num_cpus: float = Field(0.5, ge=0)  # the ingress/orchestrator replica
     limits: Limits = Limits()
     batching: Batching = Batching()
@@ -133,6 +138,20 @@ class ServeArgs(Strict):
         if self.block_drafter and self.drafter != "hybrid":
             raise ValueError("block_drafter is only read with drafter hybrid")
         return self
+
+    @model_validator(mode="after")
+    def _placement(self):
+        if self.drafter_placement == "target" and not runs_no_model(self.drafter):
+            raise ValueError(f"drafter_placement target needs a drafter without a model (ngram, "
+                             f"suffix), not {self.drafter!r}: set drafter_placement actor")
+        return self
+
+    @property
+    def drafter_on_target(self) -> bool:
+        """Whether the target actor runs the drafter itself (see ``drafter_placement``)."""
+        if self.drafter_placement == "actor" or self.drafter == "none":
+            return False
+        return runs_no_model(self.drafter)
 
     @property
     def served_model_id(self) -> str:

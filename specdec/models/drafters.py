@@ -99,6 +99,15 @@ DRAFTERS = Catalog(
 )
 
 
+MODEL_FREE = frozenset({"ngram", "suffix"})  # kinds that draft by lookup, with no forward
+
+
+def runs_no_model(ref: str) -> bool:
+    """Whether the drafter ``ref`` drafts by lookup alone (no forward): it can run on the
+    target's own thread at almost no cost."""
+    return DRAFTERS.resolve(ref).name in MODEL_FREE
+
+
 def drafter_taps(args: DrafterArgs) -> tuple[int, ...]:
     """Target layers whose outputs the drafter ``args`` reads (only block drafters read any)."""
     return DRAFTERS.resolve(args.ref).tap_layers(args)

@@ -14,25 +14,31 @@ from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft
 
 
-def run_rounds(target_actor: TargetActor, drafter_actor: DrafterActor, prompt_ids, params,
+def run_rounds(target_actor: TargetActor, drafter_actor: DrafterActor | None, prompt_ids, params,
                rid: str = "r1", steps: list | None = None) -> list[int]:
     """The orchestrator's driving of the round program, synchronously: open, then draft (with
     the previous round's commit) -> verify, with the load-aware draft cap the target sends;
-    the target steps it ran in go to ``steps``."""
+    the target steps it ran in go to ``steps``. A target that drafts itself (``drafter_actor``
+    None) takes each round in one ``round`` call."""
     program = rounds.RoundProgram(prompt_ids, params)
     machine = program.steps(target_actor.info().eos_token_ids)
-    step, commit = next(machine), None
+    step, commit, verified = next(machine), None, None
     try:
         while not isinstance(step, rounds.Finish):
             answer = None
             if isinstance(step, rounds.Open):
                 opened = target_actor.open(rid, prompt_ids, params)
-                drafter_actor.open(rid, prompt_ids, opened.features, params)
+                if drafter_actor is not None:
+                    drafter_actor.open(rid, prompt_ids, opened.features, params)
                 answer = rounds.Opened(opened.room, draft_cap=opened.draft_cap)
+            elif isinstance(step, rounds.Propose) and drafter_actor is None:
+                verified, commit = target_actor.round(rid, step.limit, commit), None
+                answer = verified.draft
             elif isinstance(step, rounds.Propose):
                 answer, commit = drafter_actor.draft(rid, step.limit, commit), None
             elif isinstance(step, rounds.Verify):
-                verified = target_actor.verify(rid, step.draft)
+                if drafter_actor is not None:
+                    verified = target_actor.verify(rid, step.draft)
                 answer = rounds.Verified(verified.result, verified.room, verified.draft_cap)
                 if steps is not None:
                     steps.append(verified.step)
@@ -41,7 +47,8 @@ def run_rounds(target_actor: TargetActor, drafter_actor: DrafterActor, prompt_id
             step = machine.send(answer)
     finally:
         target_actor.close(rid)
-        drafter_actor.close(rid)
+        if drafter_actor is not None:
+            drafter_actor.close(rid)
     return program.token_ids
 
 

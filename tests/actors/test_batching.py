@@ -38,6 +38,13 @@ def actors(tiny_llama, **batching):
     return target, drafter
 
 
+def local_actors(tiny_llama, drafter: str = "ngram", **batching):
+    """A target that runs the drafter itself (no drafter actor)."""
+    target = TargetActor(tiny_llama["target"], drafter, "float64", kv_slots=8,
+                         batching={**WAIT, **batching}, local_drafter={"drafter": drafter})
+    return target, None
+
+
 def concurrently(target, drafter, jobs: dict, stagger_s: float = 0.0):
     """Run each job (prompt ids, params) as its own request thread; per request id its tokens
     (or the exception it raised) and the steps it ran in."""
@@ -66,9 +73,15 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("verify", sorted(SETTINGS))
-def test_batched_requests_get_their_tokens_alone(tiny_llama, pair, verify):
-    target, drafter = actors(tiny_llama)
-    engine = Engine(pair.target, pair.drafter)
+@pytest.mark.parametrize("placement", ["actor", "target"])
+def test_batched_requests_get_their_tokens_alone(tiny_llama, pair, verify, placement):
+    """A block drafter in its own actor, or the n-gram drafter on the target's thread."""
+    if placement == "actor":
+        (target, drafter), engine = actors(tiny_llama), Engine(pair.target, pair.drafter)
+    else:
+        (target, drafter) = local_actors(tiny_llama)
+        ngram = load_pair(tiny_llama["target"], "ngram", dtype="float64")
+        engine = Engine(ngram.target, ngram.drafter)
     tok = pair.target.tokenizer
     jobs = {f"r{i}": (tok(text)["input_ids"],
                       GenerationParams(max_new_tokens=20 + 3 * i, spec=SETTINGS[verify]))
@@ -77,7 +90,7 @@ def test_batched_requests_get_their_tokens_alone(tiny_llama, pair, verify):
     for rid, (ids, params) in jobs.items():
         assert out[rid] == engine.generate(ids, params).token_ids, rid
     assert max(s.batch for ss in steps.values() for s in ss) > 1, "nothing was batched"
-    assert target.active() == [] and drafter.active() == []
+    assert target.active() == [] and (drafter is None or drafter.active() == [])
 
 
 def test_batching_off_runs_one_request_a_step(tiny_llama, pair):
@@ -173,3 +186,21 @@ def test_draft_caps_follow_the_number_of_running_requests(tiny_llama):
 def test_bad_batching_configs_fail(bad):
     with pytest.raises(ValueError):
         BatchingConfig.from_dict(bad)
+
+
+def test_a_target_that_drafts_frees_both_states_and_refuses_rounds_without_a_drafter(tiny_llama):
+    target, _ = local_actors(tiny_llama)
+    params = GenerationParams(max_new_tokens=20)
+    ids = target.worker.target_model.tokenizer("abc abc abc abc abc abc")["input_ids"]
+    target.open("r", ids, params)
+    verified = target.round("r", 4)
+    assert verified.draft.tokens  # the n-gram drafter found the repeat
+    assert verified.step.tokens == len(verified.draft.tokens) + 1  # the draft and the bonus
+    assert set(target.scheduler.drafter.requests) == {"r"} == set(target.active())
+    target.close("r")
+    assert target.active() == [] and target.scheduler.drafter.requests == {}
+    plain = TargetActor(tiny_llama["target"], "ngram", "float64")
+    plain.open("p", ids, params)
+    with pytest.raises(ValueError, match="runs no drafter"):
+        plain.round("p", 4)
+    assert plain.active() == []  # the failed call freed the request

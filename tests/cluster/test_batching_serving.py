@@ -19,20 +19,22 @@ PROMPTS = ["a", "hello world hello world, hello", "def f(x):\n    return x + 1\n
 SPEC = {"verify": "asd", "asd_budget": 0.0}  # ASD with B = 0: exact, through the ASD code path
 
 
-def served_tokens(client, prompt: str, stream: bool, max_tokens: int) -> list[int]:
+def served_tokens(client, prompt: str, stream: bool, max_tokens: int, spec=SPEC) -> list[int]:
     kw = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
-          "extra_body": {"speculative": SPEC}}
+          "extra_body": {"speculative": spec}}
     if not stream:
         return client.completions.create(**kw).choices[0].model_extra["token_ids"]
     chunks = client.completions.create(**kw, stream=True)
     return sum((c.choices[0].model_extra["token_ids"] for c in chunks), [])
 
 
-def run_concurrently(client, prompts, max_tokens=40, stagger_s=0.02) -> dict[int, list[int]]:
+def run_concurrently(client, prompts, max_tokens=40, stagger_s=0.02,
+                     spec=SPEC) -> dict[int, list[int]]:
     out = {}
 
     def one(i, prompt):
-        out[i] = served_tokens(client, prompt, stream=i % 2 == 0, max_tokens=max_tokens)
+        out[i] = served_tokens(client, prompt, stream=i % 2 == 0, max_tokens=max_tokens,
+                               spec=spec)
 
     threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
     for t in threads:
@@ -85,3 +87,31 @@ def test_two_replicas_serve_the_same_tokens_and_keep_no_state(served, tiny_root,
                 break
             time.sleep(0.05)
         assert all(s == {"target": [], "drafter": []} for s in seen.values()), seen
+
+
+def test_a_target_that_drafts_serves_the_engine_tokens_and_keeps_no_state(served, tiny_root):
+    """The n-gram drafter runs on the target actor (drafter_placement auto): no drafter actor,
+    one call a round, and each concurrent request (streamed or not, joining mid-flight) gets
+    the engine's tokens alone, strict and with ASD at B = 0 and B > 0."""
+    from openai import OpenAI
+
+    from specdec.engine.engine import Engine
+    from specdec.engine.loading import load_pair
+
+    pair = load_pair(f"{tiny_root}/target", "ngram", dtype="float64")
+    engine, tok = Engine(pair.target, pair.drafter), pair.target.tokenizer
+    with extra_app(served, "target-drafts", tiny_args(tiny_root, drafter="ngram")) as url:
+        assert requests.get(f"{url}/debug/actors", timeout=30).json()["drafter"] is None
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        for spec in (SPEC, {"verify": "strict"}, {"verify": "asd", "asd_budget": 2.0}):
+            out = run_concurrently(client, PROMPTS, spec=spec)
+            for i, prompt in enumerate(PROMPTS):
+                alone = engine_tokens(engine, tok(prompt)["input_ids"], 40, **spec)
+                assert out[i] == alone, (spec, prompt)
+        body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 40}
+        stats = requests.post(f"{url}/v1/completions", json=body, timeout=60).json()["spec_decode"]
+        assert stats["mean_accepted_length"] > 1  # the target's own drafts were accepted
+        deadline = time.monotonic() + 30
+        while requests.get(f"{url}/debug/active", timeout=30).json()["target"]:
+            assert time.monotonic() < deadline, "state left in the target actor"
+            time.sleep(0.05)

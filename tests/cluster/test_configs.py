@@ -46,6 +46,23 @@ def test_suffix_and_hybrid_args():
         ServeArgs.model_validate({"target": "x", "suffix": {"max_depht": 3}})
 
 
+def test_drafter_placement():
+    """A drafter without a model runs on the target unless told otherwise; any other drafter
+    needs an actor of its own, and asking for the target is refused, naming the field."""
+    def on_target(**args) -> bool:
+        return ServeArgs.model_validate({"target": "x", **args}).drafter_on_target
+
+    assert on_target(drafter="suffix") and on_target(drafter="ngram", drafter_placement="target")
+    assert not on_target(drafter="ngram", drafter_placement="actor")
+    assert not on_target(drafter="none") and not on_target(drafter="some/block-drafter")
+    assert not on_target(drafter="hybrid", block_drafter="d", preverifier="p")
+    with pytest.raises(ValidationError, match="drafter_placement target needs a drafter without"):
+        ServeArgs.model_validate({"target": "x", "drafter": "hybrid", "block_drafter": "d",
+                                  "preverifier": "p", "drafter_placement": "target"})
+    with pytest.raises(ValidationError, match="drafter_placement"):
+        ServeArgs.model_validate({"target": "x", "drafter_placement": "gpu"})
+
+
 def test_local_default_drafter_is_known():
     doc = yaml.safe_load((CONFIGS[0].parent / "local.yaml").read_text())
     assert doc.get("default_drafter", "block") in ("block", "suffix", "hybrid")
