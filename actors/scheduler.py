@@ -11,7 +11,9 @@ Requests join and leave between steps. The two schedulers differ in what a step 
   running requests for more than one bounded step; an item left out of a step goes first in
   the next, so no request waits more than one step behind a newer one. Chunks start every
   ``token_budget`` tokens of the prompt, whatever else the step holds: a chunk that does not
-  fit the budget left waits for the next step.
+  fit the budget left waits for the next step. A target that runs the drafter itself (n-gram,
+  suffix) takes whole rounds (``round``): each queued round is drafted as the step is planned,
+  so the budget counts its draft's real length.
 - ``DraftScheduler``: start new requests, then commit the previous rounds and draft the next
   ones of all queued requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter
   forwards batched). A drafter without batched forwards (suffix, n-gram) does not gather: a
@@ -125,7 +127,9 @@ class Done:
 @dataclass
 class Work:
     rid: str
-    payload: Any  # OpenRequest (target prefill), Draft (target verify), DraftCall (drafter)
+    # OpenRequest (target prefill), Draft (target verify), DraftCall (drafter; the target's own
+    # drafter: a round), Drafted (a round the target's drafter has drafted)
+    payload: Any
     future: Future = field(default_factory=Future)
     arrived: float = field(default_factory=time.perf_counter)
     skipped: int = 0  # steps it was left out of
@@ -140,8 +144,8 @@ class Work:
             return len(self.payload.prompt_ids) - self.fed
         if isinstance(self.payload, Draft):
             return len(self.payload.tokens) + 1
-        if isinstance(self.payload, DraftCall):  # drafted in the step: at most its limit
-            return self.payload.limit + 1
+        if isinstance(self.payload, Drafted):
+            return len(self.payload.value.tokens) + 1 if self.payload.ok else 0
         return 0
 
 
@@ -236,8 +240,8 @@ class BatchLoop:
                     results = {w.rid: e for w, _ in batch}
                     for w, _ in batch:
                         self.release(w.rid)
-                slots, tokens = len(self.worker.requests), self.fed(batch)
-            self._resolve(batch, results, started, time.perf_counter() - started, slots, tokens)
+                slots = len(self.worker.requests)
+            self._resolve(batch, results, started, time.perf_counter() - started, slots)
 
     def _gather(self) -> list[tuple[Work, int]] | None:
         """Wait for work and for the gathering rule; return the step's items (under cond)."""
@@ -275,9 +279,9 @@ class BatchLoop:
     def priority(w: Work):
         return (w.skipped == 0, w.arrived)
 
-    def _resolve(self, batch, results: dict, started: float, seconds: float, slots: int,
-                 tokens: int) -> None:
+    def _resolve(self, batch, results: dict, started: float, seconds: float, slots: int) -> None:
         step = next(self.steps)
+        tokens = sum(n for _, n in batch)
         with self.cond:
             self.last_step_s, self.last_step_end = seconds, started + seconds
             for w, _ in batch:
@@ -306,10 +310,6 @@ class BatchLoop:
         """Free the request's state in the worker (under ``model_lock``)."""
         self.worker.close(rid)
 
-    def fed(self, batch: list[tuple[Work, int]]) -> int:
-        """Target tokens the step just run fed (its items' planned costs, unless told)."""
-        return sum(n for _, n in batch)
-
     def plan(self, ordered: list[Work]) -> list[tuple[Work, int]]:
         """The items of the next step, from the queue in priority order, with how far each
         goes (target tokens fed); at least one item."""
@@ -327,7 +327,8 @@ class BatchLoop:
 class TargetScheduler(BatchLoop):
     """Steps of one ragged target forward: see the module docstring. With ``build_drafter``
     it also runs a drafter without a model (n-gram, suffix) on its own thread: a ``round``
-    commits the request's previous round to it, drafts, and verifies, all in one step."""
+    commits the request's previous round to it and drafts as the next step is planned (so the
+    budget counts the draft's real length), then the step verifies it."""
 
     name = "target-scheduler"
     worker: TargetWorker
@@ -335,7 +336,6 @@ class TargetScheduler(BatchLoop):
     def __init__(self, build: Callable[[], TargetWorker], config: BatchingConfig,
                  build_drafter: Callable[[TargetWorker], DraftWorker] | None = None):
         self.drafter: DraftWorker | None = None
-        self.last_fed = 0  # target tokens the last step fed
 
         def both() -> TargetWorker:
             worker = build()
@@ -362,16 +362,12 @@ class TargetScheduler(BatchLoop):
         if self.drafter is not None:
             self.drafter.close(rid)
 
-    def fed(self, batch: list[tuple[Work, int]]) -> int:
-        """What the step fed: a ``round``'s draft is known only once drafted (plan counts its
-        limit)."""
-        return self.last_fed
-
     @staticmethod
     def priority(w: Work):
         return (w.skipped == 0, isinstance(w.payload, OpenRequest), w.arrived)
 
     def plan(self, ordered: list[Work]) -> list[tuple[Work, int]]:
+        self._draft_rounds(ordered)  # so a round's cost is its draft's length
         budget, batch = self.config.token_budget, []
         for w in ordered:
             if len(batch) == self.config.max_batch:
@@ -395,15 +391,17 @@ class TargetScheduler(BatchLoop):
         return not isinstance(w.payload, OpenRequest) or w.fed + n >= len(w.payload.prompt_ids)
 
     def execute(self, batch: list[tuple[Work, int]]) -> dict:
-        failed, prefill, drafts, calls, opens = {}, {}, {}, {}, {}
+        failed, prefill, drafts, made, opens = {}, {}, {}, {}, {}
         for w, n in batch:
             if not isinstance(w.payload, OpenRequest):
                 if w.rid not in self.worker.requests:
                     failed[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
-                elif isinstance(w.payload, DraftCall):
-                    calls[w.rid] = w.payload
-                else:
+                elif not isinstance(w.payload, Drafted):
                     drafts[w.rid] = w.payload
+                elif w.payload.ok:
+                    drafts[w.rid] = made[w.rid] = w.payload.value
+                else:
+                    failed[w.rid] = w.payload.value
                 continue
             if not w.admitted:
                 try:
@@ -414,9 +412,6 @@ class TargetScheduler(BatchLoop):
                 w.admitted = True
             prefill[w.rid], opens[w.rid] = n, w.payload
             w.fed += n
-        made = self._draft_here(calls, failed)
-        drafts |= made
-        self.last_fed = sum(prefill.values()) + sum(len(d.tokens) + 1 for d in drafts.values())
         out = self.worker.step(prefill, drafts)
         results: dict = {**failed, **out.failed}
         for rid, features in out.opened.items():
@@ -428,16 +423,19 @@ class TargetScheduler(BatchLoop):
             results.setdefault(rid, None)
         return results
 
-    def _draft_here(self, calls: dict[str, DraftCall], failed: dict) -> dict[str, Draft]:
-        """The drafts of this step's ``round`` calls, by the drafter this target runs; a
-        request whose commit or draft fails goes to ``failed``."""
-        made = {}
-        for rid, value in draft_rounds(self.drafter, calls).items():
-            if isinstance(value, Exception):
-                failed[rid] = value
-            else:
-                made[rid] = value
-        return made
+    def _draft_rounds(self, queued: list[Work]) -> None:
+        """Draft every queued ``round`` with the drafter this target runs (each item becomes
+        ``Drafted``), before the step is planned. Called under ``cond``; it takes
+        ``model_lock`` (no thread holds that lock while it waits for ``cond``)."""
+        calls = {w.rid: w for w in queued if isinstance(w.payload, DraftCall)}
+        if not calls:
+            return
+        with self.model_lock:
+            live = {rid: w.payload for rid, w in calls.items() if rid in self.drafter.requests}
+            drafted = draft_rounds(self.drafter, live)
+        for rid, w in calls.items():
+            w.payload = Drafted(drafted[rid] if rid in drafted
+                                else Closed(f"request {rid} has no drafter state: it was closed"))
 
     def _opened(self, rid: str, req: OpenRequest, features):
         """A prompt fully prefilled: start the drafter this target runs on it, if any."""
@@ -455,6 +453,18 @@ class DraftCall:
 
     limit: int
     commit: tuple[RoundResult, int] | None  # (result, draft length of that round)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """A round drafted by the target's own drafter while it waited for a step: the draft, or
+    the error that failed the request."""
+
+    value: Draft | Exception
+
+    @property
+    def ok(self) -> bool:
+        return isinstance(self.value, Draft)
 
 
 @dataclass(frozen=True)
