@@ -68,6 +68,6 @@ class DrafterActor(RequestHost):
         """Commit the previous round (when given), then draft up to ``limit`` tokens."""
         require_state(self.worker.requests, rid)
         self.leases.touch(rid)
-        call = DraftCall(limit, None if commit is None else (commit.result, commit.drafted))
+        call = DraftCall.after(limit, commit)
         return self._guarded(rid, lambda: self.scheduler.draft(rid, call).result().value)
 

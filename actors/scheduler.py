@@ -57,6 +57,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec.engine.rounds import Commit
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
 
 TOMBSTONES = 4096  # closed request ids remembered (ids are unique; a late call finds its own)
@@ -453,6 +454,11 @@ class DraftCall:
 
     limit: int
     commit: tuple[RoundResult, int] | None  # (result, draft length of that round)
+
+    @classmethod
+    def after(cls, limit: int, commit: Commit | None) -> DraftCall:
+        """The round after the round program's ``commit`` (None: the first round)."""
+        return cls(limit, None if commit is None else (commit.result, commit.drafted))
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class TargetActor(RequestHost):
         """With the drafter on this actor: commit the previous round (when given), draft up to
         ``limit`` tokens and verify them, in one step."""
         require_state(self.worker.requests, rid)
-        call = DraftCall(limit, None if commit is None else (commit.result, commit.drafted))
+        call = DraftCall.after(limit, commit)
         done = self._guarded(rid, lambda: self.scheduler.round(rid, call).result())
         draft, result = done.value
         return Verified(result, done.room, done.draft_cap, done.info, draft)
