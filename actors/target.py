@@ -14,6 +14,7 @@ A drafter without a model (n-gram, suffix: lookups, no forward) may run here too
 (``local_drafter``): then one ``round`` call commits the previous round, drafts and verifies,
 in one step, with no drafter actor between two target steps. The drafting is the same
 ``DraftWorker`` code, so the tokens are too.
+
 It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
 """
 

@@ -149,9 +149,7 @@ class ServeArgs(Strict):
     @property
     def drafter_on_target(self) -> bool:
         """Whether the target actor runs the drafter itself (see ``drafter_placement``)."""
-        if self.drafter_placement == "actor" or self.drafter == "none":
-            return False
-        return runs_no_model(self.drafter)
+        return self.drafter_placement != "actor" and runs_no_model(self.drafter)
 
     @property
     def served_model_id(self) -> str:
