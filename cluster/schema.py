@@ -86,12 +86,15 @@ class Batching(Strict):
     # load-aware speculation: {batch size from: longest draft}; the largest size <= the running
     # requests applies (none: the request's own limit)
     draft_caps: dict[PositiveInt, PositiveInt] = {}
+    # a batch-invariant target (bfloat16 on a CPU) cuts the drafts it makes itself (n-gram,
+    # suffix) so a step's verify rows fill only the pieces its linears need without them
+    fit_pieces: bool = BATCHING.fit_pieces
 
     def actor_config(self) -> dict:
         """The ``actors.scheduler.BatchingConfig`` fields."""
         return {"max_batch": self.max_batch, "token_budget": self.token_budget,
                 "gather_s": self.gather_ms / 1000, "gather_share": self.gather_share,
-                "draft_caps": dict(self.draft_caps)}
+                "draft_caps": dict(self.draft_caps), "fit_pieces": self.fit_pieces}
 
 
 class ServeArgs(Strict):
@@ -101,7 +104,7 @@ class ServeArgs(Strict):
     block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
     suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
-    dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    dtype: Literal["float32", "float64", "bfloat16", "auto"] = "float32"  # auto: sources.auto_dtype
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

@@ -25,13 +25,15 @@ def describe(args: dict) -> str:
     """One line saying what the app serves: the pair, the dtype, the policy and the verifier."""
     from cluster.schema import ServeArgs
     from specdec.engine.settings import SpecSettings
+    from specdec.models.sources import parse_dtype
 
     a = ServeArgs.model_validate(args)
     spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
     verify = spec.verify or "strict (greedy; sampling at temperature > 0)"
     drafter = a.drafter if a.drafter != "hybrid" else f"hybrid (suffix + {a.block_drafter})"
+    dtype = a.dtype if a.dtype != "auto" else f"auto ({str(parse_dtype('auto')).removeprefix('torch.')})"
     return (f"serving target={a.target} drafter={drafter} policy={spec.policy} "
-            f"verify={verify} dtype={a.dtype} batching max_batch={a.batching.max_batch}")
+            f"verify={verify} dtype={dtype} batching max_batch={a.batching.max_batch}")
 
 
 def interrupt(signum, frame):

@@ -17,7 +17,7 @@ from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import FLAT, flat_knob
 from specdec.knobs import add_option
 from specdec.models.drafters import DRAFTERS
-from specdec.models.sources import DTYPES
+from specdec.models.sources import DTYPE_NAMES
 
 
 def add_generate(sub) -> None:
@@ -36,7 +36,7 @@ def add_generate(sub) -> None:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    g.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     g.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (auto: a GPU if visible)")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")

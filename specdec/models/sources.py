@@ -59,14 +59,37 @@ NAMED_SOURCES = {
 }
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPE_NAMES = (*sorted(DTYPES), "auto")
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+def parse_dtype(name: str | torch.dtype, device: str | torch.device | None = "cpu") -> torch.dtype:
+    """A dtype by name; ``auto`` picks the one this device serves best (``auto_dtype``)."""
     if isinstance(name, torch.dtype):
         return name
+    if name == "auto":
+        return auto_dtype(parse_device(device))
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+        raise ValueError(f"unknown dtype {name!r}; choose one of {list(DTYPE_NAMES)}")
     return DTYPES[name]
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on a CPU with AMX, else float32. There bfloat16 is lossless (its passes are batch
+    invariant, ``specdec.runtime.model``) and rows are nearly free: a linear takes 32 rows at
+    once for about the cost of one, and served speculative decoding made 1.23x float32's
+    tokens/s at 1 client and 1.29x at 8 (docs/BENCHMARKS.md, 2026-12-02). On CPUs without AMX a
+    bfloat16 row costs about what a float32 one does and the exact pieces are short (1 row on an
+    AMD EPYC with avx512_bf16); on GPUs bfloat16 passes are not batch invariant, so
+    verification would not commit plain decoding's tokens."""
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else torch.float32
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU has AMX tiles for bfloat16 (Linux's ``/proc/cpuinfo`` flags)."""
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
 
 
 def parse_device(name: str | torch.device | None) -> torch.device:

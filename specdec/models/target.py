@@ -94,7 +94,7 @@ class TargetModel:
                         device="cpu", backend: str = "auto", pool_size: int = 8):
         path = resolve(ref)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=parse_dtype(dtype), use_safetensors=True
+            path, dtype=parse_dtype(dtype, device), use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size)

@@ -11,13 +11,14 @@ import time
 import pytest
 
 from actors.drafter import DrafterActor
-from actors.scheduler import BatchingConfig, Closed
+from actors.scheduler import BatchingConfig, Closed, fit_pieces
 from actors.target import TargetActor
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.workers import Draft
 from specdec.runtime import PoolFull
+from specdec.runtime.model import SHORT
 from tests.actors.test_actors import run_rounds
 
 TEXTS = ["abc abc abc abc", "the cat sat on the mat and the cat sat", "x", "hello hello hello",
@@ -125,7 +126,14 @@ def test_a_close_frees_the_request_at_once_and_spares_the_others(tiny_llama, pai
     tok = pair.target.tokenizer
     jobs = {f"r{i}": (tok(t)["input_ids"], GenerationParams(max_new_tokens=60))
             for i, t in enumerate(TEXTS[:3])}
-    closer = threading.Timer(0.3, lambda: (target.close("r1"), drafter.close("r1")))
+    def close_r1_once_drafting():  # mid-flight: after its first draft, long before its 60th token
+        deadline = time.monotonic() + 60
+        while "r1" not in drafter.active() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        target.close("r1")
+        drafter.close("r1")
+
+    closer = threading.Thread(target=close_r1_once_drafting)
     closer.start()
     out, _ = concurrently(target, drafter, jobs)
     closer.join()
@@ -205,3 +213,50 @@ def test_a_target_that_drafts_frees_both_states_and_refuses_rounds_without_a_dra
     with pytest.raises(ValueError, match="runs no drafter"):
         plain.round("p", 4)
     assert plain.active() == []  # the failed call freed the request
+
+
+@pytest.mark.parametrize("drafts, fixed, piece, keep", [
+    ([3, 3, 3, 3], 0, 32, [3, 3, 3, 3]),  # fits: nothing cut
+    ([5, 5, 5, 5, 5, 5, 5, 5], 0, 32, [3, 3, 3, 3, 3, 3, 3, 3]),  # 8 x 6 rows -> one piece
+    ([4, 1, 0, 6], 2, 8, [1, 1, 0, 0]),  # 6 rows of 8: two left, one at each depth-1 token
+    ([4, 1, 0, 6], 2, 16, [4, 1, 0, 5]),  # ten left, depth by depth
+    ([2, 2], 6, 8, [0, 0]),  # the rows that cannot be cut fill the piece
+    ([9], 30, 16, [1]),  # 31 rows need two pieces: one row left
+    ([], 5, 4, []),
+])
+def test_fit_pieces_keeps_the_draft_tokens_the_pieces_hold_depth_by_depth(drafts, fixed, piece,
+                                                                         keep):
+    assert fit_pieces(drafts, fixed, piece) == keep
+
+
+def test_a_target_fitting_its_pieces_cuts_drafts_and_keeps_every_token(tiny_llama):
+    """The n-gram drafter on the target, planning as if its linears took 4 rows at a time (the
+    float64 runtime runs them whole: only the plan changes): the step's short rows (a long
+    prompt's chunk is a piece of its own) fill the pieces they need without drafts, and each
+    request's tokens are its tokens alone."""
+    target, _ = local_actors(tiny_llama)
+    target.scheduler.piece = 4
+    fitted, plan = [], target.scheduler._fit
+
+    def recording(batch):
+        before = [n for _, n in batch]
+        after = plan(batch)
+        fitted.append((before, [n for _, n in after]))
+        return after
+
+    target.scheduler._fit = recording
+    ngram = load_pair(tiny_llama["target"], "ngram", dtype="float64")
+    engine = Engine(ngram.target, ngram.drafter)
+    tok = ngram.target.tokenizer
+    spec = SpecSettings(policy="fixed", gamma=6)
+    jobs = {f"r{i}": (tok(text)["input_ids"], GenerationParams(max_new_tokens=24, spec=spec))
+            for i, text in enumerate(TEXTS)}
+    out, _ = concurrently(target, None, jobs)
+    for rid, (ids, params) in jobs.items():
+        assert out[rid] == engine.generate(ids, params).token_ids, rid
+    cuts = [(b, a) for b, a in fitted if a != b]
+    assert cuts, "no draft was cut"
+    for before, after in cuts:  # a cut fills the short rows' pieces exactly
+        short = [n for n in after if n <= SHORT]
+        assert sum(after) < sum(before) and sum(short) % 4 == 0, (before, after)
+    assert target.active() == []
