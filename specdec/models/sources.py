@@ -75,12 +75,12 @@ def parse_dtype(name: str | torch.dtype, device: str | torch.device | None = "cp
 
 def auto_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on a CPU with AMX, else float32. There bfloat16 is lossless (its passes are batch
-    invariant, ``specdec.runtime.model``) and rows are nearly free: a linear takes 32 rows at
-    once for about the cost of one, and served speculative decoding made 1.23x float32's
-    tokens/s at 1 client and 1.29x at 8 (docs/BENCHMARKS.md, 2026-12-02). On CPUs without AMX a
-    bfloat16 row costs about what a float32 one does and the exact pieces are short (1 row on an
-    AMD EPYC with avx512_bf16); on GPUs bfloat16 passes are not batch invariant, so
-    verification would not commit plain decoding's tokens."""
+    invariant, ``specdec.runtime.model``) and rows are cheap: a pass over 8 requests x 4 tokens
+    costs 1.4x one over 8 x 1 (float32: 1.5x), and served speculative decoding made 1.25x
+    float32's tokens/s at 1 client, 1.23x at 8 and 1.47x at 16 (docs/BENCHMARKS.md, 2026-12-02).
+    On CPUs without AMX a bfloat16 row costs about what a float32 one does and the exact pieces
+    are short (1 row on an AMD EPYC with avx512_bf16); on GPUs bfloat16 passes are not batch
+    invariant, so verification would not commit plain decoding's tokens."""
     return torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else torch.float32
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.models import sources
 from specdec.models.sources import parse_device, parse_dtype, resolve
 
 
@@ -12,6 +13,15 @@ def test_dtypes_by_name():
     assert parse_dtype("float64") is torch.float64
     with pytest.raises(ValueError, match="unknown dtype"):
         parse_dtype("float8")
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_dtype_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch, amx):
+    monkeypatch.setattr(sources, "cpu_has_amx", lambda: amx)
+    assert parse_dtype("auto") is (torch.bfloat16 if amx else torch.float32)
+    assert parse_dtype("auto", "cpu") is parse_dtype("auto")
+    assert sources.auto_dtype(torch.device("cuda")) is torch.float32  # not batch invariant there
+
 
 
 def test_auto_device_is_the_gpu_only_when_one_is_visible():
