@@ -346,10 +346,8 @@ class TargetScheduler(BatchLoop):
             worker = build()
             if build_drafter is not None:
                 self.drafter = build_drafter(worker)
-            # the transformers backend (and a test's stand-in worker) has no runtime
-            runtime = getattr(getattr(worker, "target_model", None), "runtime", None)
-            if config.fit_pieces and runtime is not None:
-                self.piece = runtime.rows
+            if config.fit_pieces:
+                self.piece = worker.piece_rows
             return worker
 
         super().__init__(both, config)

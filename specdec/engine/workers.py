@@ -112,6 +112,13 @@ class TargetWorker:
         self.features = features  # whether the drafter needs tapped features
         self.requests: dict[str, TargetRequest] = {}
 
+    @property
+    def piece_rows(self) -> int | None:
+        """The most rows a batch-invariant runtime runs a linear over at once (None: no runtime,
+        or one that is not batch invariant)."""
+        runtime = self.target_model.runtime
+        return None if runtime is None else runtime.rows
+
     # ---- the engine's calls: whole prompts, or verifies only --------------------------------
     def open(self, batch: dict[str, OpenRequest]) -> dict[str, torch.Tensor | None]:
         """Prefill each whole prompt; return per request the features of all its tokens but the

@@ -12,6 +12,7 @@ Models load only from safetensors: no pickle is ever read from disk.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -84,6 +85,7 @@ def auto_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else torch.float32
 
 
+@functools.cache
 def cpu_has_amx() -> bool:
     """Whether the CPU has AMX tiles for bfloat16 (Linux's ``/proc/cpuinfo`` flags)."""
     try:
