@@ -66,7 +66,7 @@ class TargetModel:
     """Prefill, extend by k tokens, crop; logits and hidden-state taps of every new position."""
 
     def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = (), backend: str = "auto",
-                 pool_size: int = 8):
+                 pool_size: int = 8, attention: str = "auto"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         config = model.config
@@ -87,17 +87,23 @@ class TargetModel:
             s = weights.shape
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
                           self.dtype, self.device)
-            self.runtime = Forward(weights, pool, self.tap_layers)
+            self.runtime = Forward(weights, pool, self.tap_layers,
+                                   attention=None if attention == "auto" else attention)
+            if self.runtime.rows is not None:
+                log.info("batch invariant: linears in pieces of %d rows, %s attention",
+                         self.runtime.rows, self.runtime.attention_kind)
 
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),
-                        device="cpu", backend: str = "auto", pool_size: int = 8):
+                        device="cpu", backend: str = "auto", pool_size: int = 8,
+                        attention: str = "auto"):
         path = resolve(ref)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=parse_dtype(dtype, device), use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size)
+        return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
+                   attention=attention)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

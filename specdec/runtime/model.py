@@ -25,12 +25,21 @@ on the bfloat16 kernels of a 2-core Xeon with AMX (docs/BENCHMARKS.md, 2026-12-0
 more than some number of rows picks another kernel (there, past 32; ``invariant_rows`` finds the
 bound for the model's shapes at load, and the linears run in pieces of it), and SDPA's result for
 a query depends on how many queries share its head and on the tail of the key count. So rows
-(decodes, verifies of any length) attend one query per head -- a row's tokens become heads of
-their own, ``[B, kvh * T * g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back --
-over keys padded to whole ``KEY_BLOCK``s (masked out: they add exact zeros). A long prompt chunk
-(``Row.chunk``) only needs computing the same way every time it comes: its attention stays
-SDPA's own and its linears take it in one call, and the scheduler cuts prompts at fixed points
-(``actors.scheduler``), so a chunk is the same in every run.
+(decodes, verifies of any length) attend in one of two ways, each computing a query the same
+whatever its batch, over keys padded to whole ``KEY_BLOCK``s (masked out: they add exact zeros):
+
+- *grouped* (the default where its probe passes, ``attention_invariant``): each key-value
+  head's queries -- the ``g`` heads of every token of a row that read it (GQA) -- as the queries
+  of one head, ``[B, kvh, T * g, d]``, through SDPA. A decode is then ``g`` queries, a verify
+  ``T * g``: on the AMX Xeon SDPA gave each the same result for SmolLM2's ``g = 3`` (and for
+  ``g`` = 2 and 4), not for ``g = 1``, where a decode is a single query.
+- *per query*: one query per head -- a row's tokens become heads of their own, ``[B, kvh * T *
+  g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back. Always invariant, but each
+  query costs SDPA a call of its own: 8 rows x 4 tokens took 3x as long as 8 x 1.
+
+A long prompt chunk (``Row.chunk``) only needs computing the same way every time it comes: its
+attention stays SDPA's own and its linears take it in one call, and the scheduler cuts prompts
+at fixed points (``actors.scheduler``), so a chunk is the same in every run.
 
 It is not a model zoo: ``weights.py`` says which configs it runs; the rest stay on transformers.
 Arithmetic follows transformers' eager Llama (RMSNorm in float32, RoPE tables in float32), so
@@ -103,16 +112,19 @@ BATCH_INVARIANT = {torch.bfloat16: True}  # dtypes whose passes are batch invari
 INVARIANT_ROWS = 32  # the most rows a batch-invariant linear is tried on at once
 
 
-def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS, samples: int = 96,
+def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS, outputs: int = 2 ** 18,
                    seeds: int = 2) -> int:
     """The most rows a linear of this model may run over at once with every row's output
     bitwise what it is alone, on this machine's kernels, tried at each projection's shape.
 
-    A multi-row kernel may round like the 1-row one on most inputs and not on all (on an AMD
-    EPYC with avx512_bf16, the MLP's down projection in 3-5 row pieces matched on the first
-    rows of a random batch and differed on others), so each row count m is tried on
-    ``samples`` random rows per seed, cut into consecutive pieces of m: the first m that
-    differs anywhere bounds the count."""
+    A multi-row kernel may round like the 1-row one on most inputs and not on all, so each row
+    count m is tried on random rows, cut into consecutive pieces of m: the first m that differs
+    anywhere bounds the count. Two cases measured: on an AMD EPYC with avx512_bf16, the MLP's
+    down projection in 3-5 row pieces matched on the first rows of a random batch and differed
+    on others; on the AMX Xeon, a 64 x 64 bfloat16 linear (a test model's) rounded 7 of 262144
+    outputs otherwise in 8-row pieces than alone (ties, by their rate), SmolLM2-135M's shapes 0
+    of 12.6 million. So each projection gets rows enough for ``outputs`` outputs (at least 96)
+    per seed: a difference that rare is then found."""
     projections = [weights.lm_head, *(getattr(weights.layers[0], n) for n in
                                       ("qkv", "o", "gate_up", "down"))]
     cases = []
@@ -120,14 +132,109 @@ def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS, samples: int = 
         for seed in range(seeds):
             gen = torch.Generator().manual_seed(seed)
             for p in projections:
-                x = torch.randn(samples, p.w.shape[1], generator=gen).to(p.w)
-                cases.append((p.w, x, torch.cat([F.linear(x[i:i + 1], p.w) for i in range(samples)])))
+                n = max(96, -(-outputs // p.w.shape[0]))
+                x = torch.randn(n, p.w.shape[1], generator=gen).to(p.w)
+                cases.append((p.w, x, torch.cat([F.linear(x[i:i + 1], p.w) for i in range(n)])))
         for m in range(2, most + 1):
             for w, x, alone in cases:
-                pieces = torch.cat([F.linear(x[j:j + m], w) for j in range(0, samples, m)])
+                pieces = torch.cat([F.linear(x[j:j + m], w) for j in range(0, len(x), m)])
                 if not torch.equal(pieces, alone):
                     return m - 1
     return most
+
+
+def grouped_mask(mask: torch.Tensor, kv_heads: int, per_kv: int) -> torch.Tensor:
+    """A group's mask [B, 1, T, C] for ``attend_grouped``: [B, 1, T * g, C]."""
+    B, _, T, C = mask.shape
+    return mask.view(B, 1, T, 1, C).expand(B, 1, T, per_kv, C).reshape(B, 1, T * per_kv, C)
+
+
+def attend_grouped(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """queries [B, T, h, d] against keys / values [B, kvh, C, d], each key-value head's T * g
+    queries as one head (head kv * g + j reads kv head kv); mask from ``grouped_mask``.
+    Returns [B, T, h, d]."""
+    B, T, h, d = queries.shape
+    kvh = keys.shape[1]
+    g = h // kvh
+    grouped = queries.view(B, T, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(B, kvh, T * g, d)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+    return out.view(B, kvh, T, g, d).permute(0, 2, 1, 3, 4).reshape(B, T, h, d)
+
+
+def per_query_mask(mask: torch.Tensor, kv_heads: int, per_kv: int) -> torch.Tensor:
+    """A group's mask [B, 1, T, C] for ``attend_per_query``: [B, kvh * T * g, 1, C] (query head
+    kv * T * g + t * g + j is token t's head kv * g + j)."""
+    B, _, T, C = mask.shape
+    return (mask.view(B, 1, T, 1, C).expand(B, kv_heads, T, per_kv, C).reshape(B, -1, 1, C))
+
+
+def attend_per_query(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """queries [B, T, h, d] against keys / values [B, kvh, C, d], each token's heads as heads of
+    their own with one query each; mask from ``per_query_mask``. Returns [B, T, h, d]."""
+    B, T, h, d = queries.shape
+    kvh = keys.shape[1]
+    g = h // kvh
+    packed = (queries.view(B, T, kvh, g, d).permute(0, 2, 1, 3, 4)
+              .reshape(B, -1, 1, d))  # [B, kvh * T * g, 1, d]
+    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=T * g > 1)  # also MHA: T heads per kv head
+    return out.view(B, kvh, T, g, d).permute(0, 2, 1, 3, 4).reshape(B, T, h, d)
+
+
+# the batch-invariant ways to attend (module docstring): (lay out a group's mask, attend)
+ATTENTIONS = {"grouped": (grouped_mask, attend_grouped),
+              "per_query": (per_query_mask, attend_per_query)}
+
+
+def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        trials: int = 12, seed: int = 0) -> bool:
+    """Whether attention ``kind`` gives every query bitwise its result alone on this machine's
+    kernels, at this model's head shapes: random batches of up to 8 rows of up to 17 tokens (a
+    verify of 16 drafted), then one row of 40 (past ``SHORT``), at contexts of up to 768 keys and
+    key counts padded past them (whole ``KEY_BLOCK``s), each token against itself decoded alone
+    (its own context, padded the same way)."""
+    lay_out, attend = ATTENTIONS[kind]
+    per_kv = heads // kv_heads
+    gen = torch.Generator().manual_seed(seed)
+
+    def padded(n):
+        return -(-n // KEY_BLOCK) * KEY_BLOCK
+
+    def run(q, k, v, seen):  # seen: [B, T, C] bool
+        return attend(q, k, v, lay_out(seen.unsqueeze(1), kv_heads, per_kv), head_dim ** -0.5)
+
+    def draw(n):
+        return int(torch.randint(1, n + 1, (1,), generator=gen))
+
+    def same(lengths: list[int], ns: list[int]) -> bool:
+        C = padded(max(c + n for c, n in zip(lengths, ns, strict=True)) + draw(4 * KEY_BLOCK))
+        B, T = len(ns), max(ns) + draw(2) - 1  # sometimes a padded query too
+        q = torch.randn(B, T, heads, head_dim, generator=gen).to(dtype)
+        k, v = (torch.randn(B, kv_heads, C, head_dim, generator=gen).to(dtype) for _ in "kv")
+        seen = torch.zeros(B, T, C, dtype=torch.bool)
+        seen[:, :, 0] = True
+        for b, (c, n) in enumerate(zip(lengths, ns, strict=True)):
+            for t in range(n):
+                seen[b, t, :c + t + 1] = True
+        batch = run(q, k, v, seen)
+        for b, (c, n) in enumerate(zip(lengths, ns, strict=True)):
+            for t in range(n):
+                own = padded(c + t + 1)
+                alone = run(q[b:b + 1, t:t + 1], k[b:b + 1, :, :own], v[b:b + 1, :, :own],
+                            seen[b:b + 1, t:t + 1, :own])
+                if not torch.equal(alone[0, 0], batch[b, t]):
+                    return False
+        return True
+
+    with torch.inference_mode():
+        for _ in range(trials):
+            B = draw(8)
+            lengths = torch.randint(0, 768, (B,), generator=gen).tolist()
+            if not same(lengths, [draw(17) for _ in range(B)]):
+                return False
+        return same([draw(700)], [40])
 
 
 def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device,
@@ -167,7 +274,8 @@ class Group:
     slots: torch.Tensor  # [B], for a gather when they are not
     where: tuple[torch.Tensor, torch.Tensor] | None  # (b, t) of each token; None: no padding
     whole: bool = False  # a long prompt chunk: batch invariance computes it as one piece
-    head_mask: torch.Tensor | None = None  # batch invariant, not whole: [B, kvh * T * g, 1, C]
+    # batch invariant, not whole: ``mask`` laid out for the forward's attention (ATTENTIONS)
+    head_mask: torch.Tensor | None = None
 
 
 def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
@@ -206,18 +314,26 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
 
 class Forward:
     """The decoder over a ``Weights`` and a ``KVPool``; ``__call__`` runs one ragged batch.
-    ``invariant``: batch invariance (see the module docstring); None: ``BATCH_INVARIANT``."""
+    ``invariant``: batch invariance (see the module docstring); None: ``BATCH_INVARIANT``.
+    ``attention``: how a batch-invariant pass attends (a key of ``ATTENTIONS``); None: grouped
+    where its probe passes on this machine at the model's head shapes, else per query."""
 
     def __init__(self, weights: Weights, pool: KVPool, tap_layers: Sequence[int] = (),
-                 invariant: bool | None = None):
+                 invariant: bool | None = None, attention: str | None = None):
         self.w, self.pool, self.tap_layers = weights, pool, tuple(tap_layers)
         s = weights.shape
         self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        dtype = weights.embed.dtype
         if invariant is None:  # measured on CPUs only
-            invariant = (weights.embed.device.type == "cpu"
-                         and BATCH_INVARIANT.get(weights.embed.dtype, False))
+            invariant = weights.embed.device.type == "cpu" and BATCH_INVARIANT.get(dtype, False)
         # batch invariance: linears over at most this many rows at once (None: off)
         self.rows = invariant_rows(weights) if invariant else None
+        if attention is not None and attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, not {attention!r}")
+        if invariant and attention is None:
+            grouped = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, dtype)
+            attention = "grouped" if grouped else "per_query"
+        self.attention_kind = attention if invariant else None  # None: SDPA as it comes
 
     @property
     def key_block(self) -> int | None:
@@ -283,7 +399,8 @@ class Forward:
                 for b in g.rows:  # slot's end
                     pool.ensure_clean(rows[b].slot, g.C)
             if invariant:
-                g.head_mask = self.head_mask(g)
+                lay_out = ATTENTIONS[self.attention_kind][0]
+                g.head_mask = lay_out(g.mask, s.kv_heads, s.heads // s.kv_heads)
         parts = self.parts(groups)
         x = self.w.embed[ids]  # [N, H]
         taps = {}  # layer -> its output [N, H], for the tapped layers only
@@ -317,14 +434,6 @@ class Forward:
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return self.linear(out, layer.o, parts)
 
-    def head_mask(self, g: Group) -> torch.Tensor:
-        """A group's mask [B, 1, T, C] laid out for one query per head: [B, kvh * T * g, 1, C]
-        (query head kv * T * g + t * g + j is token t's head kv * g + j)."""
-        s = self.w.shape
-        B, per_kv = len(g.rows), s.heads // s.kv_heads
-        return (g.mask.view(B, 1, g.T, 1, g.C).expand(B, s.kv_heads, g.T, per_kv, g.C)
-                .reshape(B, -1, 1, g.C))
-
     def _attend(self, i: int, g: Group, q: torch.Tensor) -> torch.Tensor:
         """One group's queries [n, h, d] against its slots' caches; returns [n, h * d]."""
         s, pool = self.w.shape, self.pool
@@ -339,28 +448,16 @@ class Forward:
             keys, values = pool.k[i][lo:hi, :, :g.C], pool.v[i][lo:hi, :, :g.C]
         else:
             keys, values = pool.k[i][g.slots, :, :g.C], pool.v[i][g.slots, :, :g.C]
-        if g.head_mask is not None:
-            out = self._attend_per_head(queries, keys, values, g.head_mask)
+        scale = s.head_dim ** -0.5
+        if g.head_mask is not None:  # batch invariant
+            out = ATTENTIONS[self.attention_kind][1](queries, keys, values, g.head_mask, scale)
         else:
             out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
-                                                 attn_mask=g.mask, scale=s.head_dim ** -0.5,
-                                                 enable_gqa=s.heads != s.kv_heads)  # [B, h, T, d]
-        out = out.transpose(1, 2)  # [B, T, h, d]
-        if g.where is not None:
+                                                 attn_mask=g.mask, scale=scale,
+                                                 enable_gqa=s.heads != s.kv_heads).transpose(1, 2)
+        if g.where is not None:  # out: [B, T, h, d]
             out = out[g.where]  # [n, h, d]: the real tokens only
         return out.reshape(-1, self.q_size)
-
-    def _attend_per_head(self, queries, keys, values, head_mask) -> torch.Tensor:
-        """Batch-invariant attention: queries [B, T, h, d], each token's heads as heads of their
-        own with one query each (``head_mask``); returns [B, h, T, d]."""
-        s = self.w.shape
-        B, T, per_kv = queries.shape[0], queries.shape[1], s.heads // s.kv_heads
-        packed = (queries.view(B, T, s.kv_heads, per_kv, s.head_dim).permute(0, 2, 1, 3, 4)
-                  .reshape(B, -1, 1, s.head_dim))  # [B, kvh * T * g, 1, d]
-        out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=head_mask,
-                                             scale=s.head_dim ** -0.5, enable_gqa=per_kv > 1)
-        return (out.view(B, s.kv_heads, T, per_kv, s.head_dim).permute(0, 1, 3, 2, 4)
-                .reshape(B, s.heads, T, s.head_dim))
 
     def mlp(self, layer: Layer, x: torch.Tensor, parts: list[int] | None = None) -> torch.Tensor:
         gate, up = self.linear(x, layer.gate_up, parts).chunk(2, dim=-1)

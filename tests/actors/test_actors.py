@@ -109,6 +109,16 @@ def test_idle_requests_are_swept(tiny_llama):
     assert target.active() == ["new"]
 
 
+def test_the_actor_attends_the_way_it_is_told(tiny_llama):
+    """The serve config's ``attention`` reaches the target's runtime (bfloat16: batch
+    invariant); auto leaves it to the load-time probe."""
+    for attention in ("per_query", "grouped"):
+        target = TargetActor(tiny_llama["target"], "none", "bfloat16", attention=attention)
+        assert target.worker.target_model.runtime.attention_kind == attention
+    auto = TargetActor(tiny_llama["target"], "none", "bfloat16").worker.target_model.runtime
+    assert auto.attention_kind in ("grouped", "per_query")
+
+
 def test_actor_sets_its_torch_threads(tiny_llama):
     import torch
 

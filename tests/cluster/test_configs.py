@@ -63,6 +63,13 @@ def test_drafter_placement():
         ServeArgs.model_validate({"target": "x", "drafter_placement": "gpu"})
 
 
+def test_attention_names_the_ways_a_batch_invariant_target_attends():
+    assert ServeArgs.model_validate({"target": "x"}).attention == "auto"
+    assert ServeArgs.model_validate({"target": "x", "attention": "per_query"}).attention == "per_query"
+    with pytest.raises(ValidationError, match="attention"):
+        ServeArgs.model_validate({"target": "x", "attention": "blocked"})
+
+
 def test_local_default_drafter_is_known():
     doc = yaml.safe_load((CONFIGS[0].parent / "local.yaml").read_text())
     assert doc.get("default_drafter", "block") in ("block", "suffix", "hybrid")

@@ -1,7 +1,7 @@
 """The runtime's forward against transformers' own, in float64: logits and taps within 1e-9.
 
 Each tiny model is built from a config (Llama with llama3 RoPE scaling and a tied lm_head,
-Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm and linear RoPE scaling) and compared with a
+Llama without GQA, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm and linear RoPE scaling) and compared with a
 cacheless HF forward over the whole sequence: prefill, decode, k-token append, crop-then-append,
 a ragged batch, a tree-masked append; plus the pool's limits and the unsupported fallback.
 """
@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from specdec.runtime import Forward, KVPool, PoolFull, Row, Weights, unsupported
+from specdec.runtime import Forward, KVPool, PoolFull, Row, Weights, model, unsupported
+from specdec.runtime.model import ATTENTIONS, attention_invariant
 from specdec.runtime.weights import inv_freq
 
 TOL = dict(rtol=0, atol=1e-9)
@@ -24,6 +25,7 @@ CONFIGS = {
     "llama": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True, rope_scaling={
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}),
+    "mha": lambda: LlamaConfig(**(COMMON | {"num_key_value_heads": 4})),  # one query per kv head
     "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False,
                                  rope_scaling={"rope_type": "linear", "factor": 2.0}),
@@ -265,13 +267,16 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
         assert torch.equal(fast.logits.argmax(-1), plain.logits.argmax(-1))
 
 
-def test_the_batch_invariant_layout_equals_transformers(hf):
-    """One query per head over whole key blocks (float64, forced on): a decode, a 3-token
-    verify, a tree and a long prompt chunk in one pass, each against its own HF reference."""
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
+def test_the_batch_invariant_layout_equals_transformers(hf, attention):
+    """Either batch-invariant attention over whole key blocks (float64, forced on): a decode, a
+    3-token verify, a tree and a long prompt chunk in one pass, each against its own HF
+    reference."""
     s = Weights.from_hf(hf).shape
     fwd = Forward(Weights.from_hf(hf), KVPool(s.layers, 4, s.kv_heads, s.max_len, s.head_dim,
-                                              torch.float64), TAPS, invariant=True)
-    assert fwd.rows >= 1 and fwd.key_block
+                                              torch.float64), TAPS, invariant=True,
+                  attention=attention)
+    assert fwd.rows >= 1 and fwd.key_block and fwd.attention_kind == attention
     prompts = [seq(5, 40), seq(17, 41), seq(9, 42), []]
     slots = [fwd.pool.acquire() for _ in prompts]
     for slot, p in zip(slots[:3], prompts, strict=False):
@@ -292,16 +297,27 @@ def test_the_batch_invariant_layout_equals_transformers(hf):
             torch.testing.assert_close(out.taps[j], taps[-1], **TOL)
 
 
-def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
-    """Batch invariance, on by default in bfloat16: each token's logits are exactly those of
-    decoding it alone, whether it comes in a k-token verify (also one longer than SHORT), next
-    to other requests and a prompt chunk, or after a prompt prefilled in two chunks (speculative decoding in bfloat16 then
-    commits exactly plain decoding's tokens)."""
+def bfloat16(hf):
     model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.bfloat16).eval()
     model.load_state_dict({k: v.bfloat16() for k, v in hf.state_dict().items()})
-    w = Weights.from_hf(model)
+    return Weights.from_hf(model)
+
+
+@pytest.mark.parametrize("attention", [None, *sorted(ATTENTIONS)])
+def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf, attention):
+    """Batch invariance, on by default in bfloat16: each token's logits are exactly those of
+    decoding it alone, whether it comes in a k-token verify (also one longer than SHORT), next
+    to other requests and a prompt chunk, or after a prompt prefilled in two chunks (speculative
+    decoding in bfloat16 then commits exactly plain decoding's tokens). Per-query attention is
+    invariant by construction; grouped where its probe passes here (None: what the forward
+    picks)."""
+    w = bfloat16(hf)
     s = w.shape
-    fwd = Forward(w, KVPool(s.layers, 5, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16))
+    if attention == "grouped" and not attention_invariant("grouped", s.heads, s.kv_heads,
+                                                          s.head_dim, torch.bfloat16):
+        pytest.skip("grouped attention is not batch invariant on this machine's kernels")
+    fwd = Forward(w, KVPool(s.layers, 5, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16),
+                  attention=attention)
     assert fwd.rows is not None  # the default in bfloat16
     prompt, draft = seq(11, 50), seq(40, 51)
     a = fwd.pool.acquire()
@@ -331,6 +347,39 @@ def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf):
     fwd([Row(b, prompt[:4], logits_at=[3])])
     fwd([Row(b, prompt[4:], logits_at=[6])])
     same(fwd([Row(b, draft[:6], logits_at=range(6))])[0], 6)
+
+
+def test_the_forward_attends_grouped_only_where_the_probe_passes(hf, monkeypatch):
+    w = bfloat16(hf)
+    s = w.shape
+
+    def forward(**kwargs):
+        return Forward(w, KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16),
+                       **kwargs)
+
+    passes = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, torch.bfloat16)
+    assert forward().attention_kind == ("grouped" if passes else "per_query")
+    monkeypatch.setattr(model, "attention_invariant", lambda *args: False)
+    assert forward().attention_kind == "per_query"
+    assert forward(attention="grouped").attention_kind == "grouped"  # asked for: no probe
+    assert forward(invariant=False, attention="grouped").attention_kind is None
+    with pytest.raises(ValueError, match="attention must be one of"):
+        forward(attention="blocked")
+
+
+def test_the_attention_probe_finds_a_kernel_that_is_not_batch_invariant(monkeypatch):
+    """A stand-in for a kernel that rounds a query otherwise in a bigger batch: its outputs move
+    by one bfloat16 step when the batch holds more than one token. The probe must say so."""
+    lay_out, attend = ATTENTIONS["per_query"]
+
+    def varies(queries, keys, values, mask, scale):
+        out = attend(queries, keys, values, mask, scale)
+        return out if queries.shape[0] * queries.shape[1] == 1 else out * (1 + 2 ** -7)
+
+    monkeypatch.setitem(ATTENTIONS, "per_query", (lay_out, varies))
+    assert not attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
+    monkeypatch.setitem(ATTENTIONS, "per_query", (lay_out, attend))
+    assert attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
 
 
 def test_batch_invariance_is_the_default_only_in_bfloat16(hf):
