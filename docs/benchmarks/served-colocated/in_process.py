@@ -6,10 +6,11 @@ shows what the target step does when nothing else shares the two cores.
     PYTHONPATH=. python docs/benchmarks/served-colocated/in_process.py ar 8
     PYTHONPATH=. python docs/benchmarks/served-colocated/in_process.py sd 8 0.35
     PYTHONPATH=. python docs/benchmarks/served-colocated/in_process.py sd 8 0.35 bfloat16
+    PYTHONPATH=. python docs/benchmarks/served-colocated/in_process.py ar 1 0.35 bfloat16 per_query
 
 ar: plain decoding; sd: the suffix drafter on the target's thread (the offline index, not
-online, as bench.batching serves it) with gamma 16 and the given suffix_min_prob; the dtype
-last (float32 unless given).
+online, as bench.batching serves it) with gamma 16 and the given suffix_min_prob; then the dtype
+(float32 unless given) and the batch-invariant attention (auto unless given).
 """
 
 import sys
@@ -38,12 +39,13 @@ class NoDrafter:
         pass
 
 
-def main(mode: str, clients: int, min_prob: float = 0.35, dtype: str = "float32") -> None:
+def main(mode: str, clients: int, min_prob: float = 0.35, dtype: str = "float32",
+         attention: str = "auto") -> None:
     suffix = {"index": "artifacts/smollm2-135m/suffix-index", "online": False}
     local = {"drafter": "suffix", "suffix": suffix} if mode == "sd" else None
     target = TargetActor("smollm2-135m", "suffix" if mode == "sd" else "none", dtype,
                          threads=2, kv_slots=32, batching={"gather_share": 0.5},
-                         local_drafter=local)
+                         local_drafter=local, attention=attention)
     tok = target.worker.target_model.tokenizer
     problems = read_problems()
     keys = sorted(problems, key=lambda k: int(k.split("/")[1]))[:16]
@@ -54,7 +56,7 @@ def main(mode: str, clients: int, min_prob: float = 0.35, dtype: str = "float32"
     for run in range(2):
         t0 = time.perf_counter()
         tokens = serve_all(target, drafter, prompts, params, clients, tag=str(run))
-        print(f"{mode} {dtype} min_prob={min_prob} clients={clients} run {run}: "
+        print(f"{mode} {dtype} {attention} min_prob={min_prob} clients={clients} run {run}: "
               f"{tokens / (time.perf_counter() - t0):.1f} tok/s", flush=True)
 
 
@@ -80,4 +82,4 @@ def serve_all(target, drafter, prompts, params, clients: int, tag: str) -> int:
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    main(sys.argv[1], int(sys.argv[2]), *(float(a) for a in sys.argv[3:4]), *sys.argv[4:5])
+    main(sys.argv[1], int(sys.argv[2]), *(float(a) for a in sys.argv[3:4]), *sys.argv[4:6])
