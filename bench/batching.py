@@ -224,13 +224,17 @@ def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int)
 
 
 def references(apps: dict[str, dict]) -> dict[str, str]:
-    """Each app's plain-decoding reference: the AR app of its own dtype (``ar`` when none is
-    served), since another dtype decodes other tokens; ``sd_engine`` checks against ``sd``'s."""
-    plain: dict[str, str] = {}
+    """Each app's plain-decoding reference: the AR app of its own numerics, its dtype and its
+    batch-invariant attention (``ar`` when none is served), since other numerics decode other
+    tokens; ``sd_engine`` checks against ``sd``'s."""
+    def numerics(args: dict) -> tuple:
+        return args.get("dtype"), args.get("attention", "auto")
+
+    plain: dict[tuple, str] = {}
     for name in ("ar", *apps):
         if apps[name].get("drafter") == "none" and name != "ar_unbatched":
-            plain.setdefault(apps[name].get("dtype"), name)
-    refs = {name: plain.get(args.get("dtype"), "ar") for name, args in apps.items()}
+            plain.setdefault(numerics(apps[name]), name)
+    refs = {name: plain.get(numerics(args), "ar") for name, args in apps.items()}
     return refs | {"sd_engine": refs["sd"]}
 
 

@@ -68,17 +68,20 @@ def test_a_variant_is_the_default_with_some_args_changed():
             parse_variant(bad)
 
 
-def test_each_method_is_checked_against_plain_decoding_of_its_own_dtype():
+def test_each_method_is_checked_against_plain_decoding_of_its_own_numerics():
+    """Its own dtype and batch-invariant attention: other numerics decode other tokens."""
     from bench.batching import references, summarise
 
     apps = {"ar": {"drafter": "none", "dtype": "float32"},
             "sd": {"drafter": "suffix", "dtype": "float32"},
             "sd_bf16": {"drafter": "suffix", "dtype": "bfloat16"},
             "ar_bf16": {"drafter": "none", "dtype": "bfloat16"},
-            "sd_f64": {"drafter": "suffix", "dtype": "float64"}}
+            "sd_f64": {"drafter": "suffix", "dtype": "float64"},
+            "sd_pq": {"drafter": "suffix", "dtype": "bfloat16", "attention": "per_query"},
+            "ar_pq": {"drafter": "none", "dtype": "bfloat16", "attention": "per_query"}}
     refs = references(apps)
     assert refs == {"ar": "ar", "sd": "ar", "sd_bf16": "ar_bf16", "ar_bf16": "ar_bf16",
-                    "sd_f64": "ar", "sd_engine": "ar"}
+                    "sd_f64": "ar", "sd_pq": "ar_pq", "ar_pq": "ar_pq", "sd_engine": "ar"}
 
     def run(ids):
         return {"token_ids": ids, "tokens_per_s": 1.0, "p50_s": 1.0, "p95_s": 1.0, "mean_batch": 1.0}
