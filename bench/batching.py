@@ -327,13 +327,18 @@ def plot(summary: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4)
     for method, levels in summary.items():
         cs = sorted(levels)
         if len(cs) < 2:
             continue
-        left.plot(cs, [levels[c]["tokens_per_s"] for c in cs], marker="o", label=method)
-        right.plot(cs, [levels[c]["p50_s"] for c in cs], marker="o", label=f"{method} p50")
-        right.plot(cs, [levels[c]["p95_s"] for c in cs], linestyle="--", label=f"{method} p95")
+        colour = next(colours)  # one per method, in both panels
+        left.plot(cs, [levels[c]["tokens_per_s"] for c in cs], marker="o", color=colour,
+                  label=method)
+        right.plot(cs, [levels[c]["p50_s"] for c in cs], marker="o", color=colour,
+                   label=f"{method} p50")
+        right.plot(cs, [levels[c]["p95_s"] for c in cs], linestyle="--", color=colour,
+                   label=f"{method} p95")
     for ax, label in ((left, "aggregate tokens/s"), (right, "per-request latency (s)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")

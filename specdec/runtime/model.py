@@ -34,8 +34,10 @@ whatever its batch, over keys padded to whole ``KEY_BLOCK``s (masked out: they a
   ``T * g``: on the AMX Xeon SDPA gave each the same result for SmolLM2's ``g = 3`` (and for
   ``g`` = 2 and 4), not for ``g = 1``, where a decode is a single query.
 - *per query*: one query per head -- a row's tokens become heads of their own, ``[B, kvh * T *
-  g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back. Always invariant, but each
-  query costs SDPA a call of its own: 8 rows x 4 tokens took 3x as long as 8 x 1.
+  g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back. Invariant wherever it was
+  tried, but each query costs SDPA a kernel call of its own: a pass over 8 requests x 4 tokens
+  at a 512-token context took 74.6 ms against grouped's 55.8 (8 x 1: 48.7 and 48.1;
+  docs/benchmarks/attention/).
 
 A long prompt chunk (``Row.chunk``) only needs computing the same way every time it comes: its
 attention stays SDPA's own and its linears take it in one call, and the scheduler cuts prompts
