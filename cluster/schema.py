@@ -106,7 +106,8 @@ class ServeArgs(Strict):
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
     dtype: Literal["float32", "float64", "bfloat16", "auto"] = "float32"  # auto: sources.auto_dtype
     # how a batch-invariant target (bfloat16 on a CPU) attends (specdec.runtime.model.ATTENTIONS);
-    # auto: grouped where its probe passes at load, else per_query
+    # auto: grouped where its probe passes at load, else per_query; other targets log that they
+    # do not use it (a config with dtype auto may be batch invariant on one machine only)
     attention: Literal["auto", "grouped", "per_query"] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()

@@ -92,6 +92,9 @@ class TargetModel:
             if self.runtime.rows is not None:
                 log.info("batch invariant: linears in pieces of %d rows, %s attention",
                          self.runtime.rows, self.runtime.attention_kind)
+            elif attention != "auto":
+                log.warning("attention %s is not used: %s passes are not batch invariant here",
+                            attention, self.dtype)
 
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),

@@ -50,8 +50,9 @@ in float64 it equals the reference to ~1e-12.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -185,9 +186,15 @@ def attend_per_query(queries: torch.Tensor, keys: torch.Tensor, values: torch.Te
     return out.view(B, kvh, T, g, d).permute(0, 2, 1, 3, 4).reshape(B, T, h, d)
 
 
-# the batch-invariant ways to attend (module docstring): (lay out a group's mask, attend)
-ATTENTIONS = {"grouped": (grouped_mask, attend_grouped),
-              "per_query": (per_query_mask, attend_per_query)}
+class Attention(NamedTuple):
+    """A batch-invariant way to attend (module docstring)."""
+
+    lay_out: Callable  # (mask [B, 1, T, C], kv_heads, g) -> the mask as ``attend`` reads it
+    attend: Callable  # (queries [B, T, h, d], keys, values, laid-out mask, scale) -> [B, T, h, d]
+
+
+ATTENTIONS = {"grouped": Attention(grouped_mask, attend_grouped),
+              "per_query": Attention(per_query_mask, attend_per_query)}
 
 
 def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -336,6 +343,7 @@ class Forward:
             grouped = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, dtype)
             attention = "grouped" if grouped else "per_query"
         self.attention_kind = attention if invariant else None  # None: SDPA as it comes
+        self.invariant_attention = ATTENTIONS[attention] if invariant else None
 
     @property
     def key_block(self) -> int | None:
@@ -401,7 +409,7 @@ class Forward:
                 for b in g.rows:  # slot's end
                     pool.ensure_clean(rows[b].slot, g.C)
             if invariant:
-                lay_out = ATTENTIONS[self.attention_kind][0]
+                lay_out = self.invariant_attention.lay_out
                 g.head_mask = lay_out(g.mask, s.kv_heads, s.heads // s.kv_heads)
         parts = self.parts(groups)
         x = self.w.embed[ids]  # [N, H]
@@ -452,7 +460,7 @@ class Forward:
             keys, values = pool.k[i][g.slots, :, :g.C], pool.v[i][g.slots, :, :g.C]
         scale = s.head_dim ** -0.5
         if g.head_mask is not None:  # batch invariant
-            out = ATTENTIONS[self.attention_kind][1](queries, keys, values, g.head_mask, scale)
+            out = self.invariant_attention.attend(queries, keys, values, g.head_mask, scale)
         else:
             out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
                                                  attn_mask=g.mask, scale=scale,

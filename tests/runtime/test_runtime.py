@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from specdec.runtime import Forward, KVPool, PoolFull, Row, Weights, model, unsupported
-from specdec.runtime.model import ATTENTIONS, attention_invariant
+from specdec.runtime.model import ATTENTIONS, Attention, attention_invariant
 from specdec.runtime.weights import inv_freq
 
 TOL = dict(rtol=0, atol=1e-9)
@@ -376,9 +376,9 @@ def test_the_attention_probe_finds_a_kernel_that_is_not_batch_invariant(monkeypa
         out = attend(queries, keys, values, mask, scale)
         return out if queries.shape[0] * queries.shape[1] == 1 else out * (1 + 2 ** -7)
 
-    monkeypatch.setitem(ATTENTIONS, "per_query", (lay_out, varies))
+    monkeypatch.setitem(ATTENTIONS, "per_query", Attention(lay_out, varies))
     assert not attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
-    monkeypatch.setitem(ATTENTIONS, "per_query", (lay_out, attend))
+    monkeypatch.setitem(ATTENTIONS, "per_query", Attention(lay_out, attend))
     assert attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
 
 
