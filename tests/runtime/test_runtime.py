@@ -1,9 +1,10 @@
 """The runtime's forward against transformers' own, in float64: logits and taps within 1e-9.
 
 Each tiny model is built from a config (Llama with llama3 RoPE scaling and a tied lm_head,
-Llama without GQA, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm and linear RoPE scaling) and compared with a
-cacheless HF forward over the whole sequence: prefill, decode, k-token append, crop-then-append,
-a ragged batch, a tree-masked append; plus the pool's limits and the unsupported fallback.
+Llama without GQA, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm and linear RoPE scaling) and
+compared with a cacheless HF forward over the whole sequence: prefill, decode, k-token append,
+crop-then-append, a ragged batch, a tree-masked append; plus the pool's limits and the
+unsupported fallback, and batch invariance in bfloat16 (both attentions, and how one is chosen).
 """
 
 from __future__ import annotations
