@@ -20,6 +20,8 @@ from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
+from specdec.models.sources import DTYPE_NAMES
+from specdec.runtime.model import ATTENTION_NAMES
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -104,11 +106,11 @@ class ServeArgs(Strict):
     block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
     suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
-    dtype: Literal["float32", "float64", "bfloat16", "auto"] = "float32"  # auto: sources.auto_dtype
+    dtype: Literal[DTYPE_NAMES] = "float32"  # auto: sources.auto_dtype
     # how a batch-invariant target (bfloat16 on a CPU) attends (specdec.runtime.model.ATTENTIONS);
     # auto: grouped where its probe passes at load, else per_query; other targets log that they
     # do not use it (a config with dtype auto may be batch invariant on one machine only)
-    attention: Literal["auto", "grouped", "per_query"] = "auto"
+    attention: Literal[ATTENTION_NAMES] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

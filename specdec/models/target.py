@@ -87,14 +87,13 @@ class TargetModel:
             s = weights.shape
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
                           self.dtype, self.device)
-            self.runtime = Forward(weights, pool, self.tap_layers,
-                                   attention=None if attention == "auto" else attention)
-            if self.runtime.rows is not None:
-                log.info("batch invariant: linears in pieces of %d rows, %s attention",
-                         self.runtime.rows, self.runtime.attention_kind)
-            elif attention != "auto":
-                log.warning("attention %s is not used: %s passes are not batch invariant here",
-                            attention, self.dtype)
+            self.runtime = Forward(weights, pool, self.tap_layers, attention=attention)
+        if self.runtime is not None and self.runtime.rows is not None:
+            log.info("batch invariant: linears in pieces of %d rows, %s attention",
+                     self.runtime.rows, self.runtime.attention_kind)
+        elif attention != "auto":
+            log.warning("attention %s is not used: %s passes are not batch invariant here",
+                        attention, self.dtype)
 
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),

@@ -195,6 +195,7 @@ class Attention(NamedTuple):
 
 ATTENTIONS = {"grouped": Attention(grouped_mask, attend_grouped),
               "per_query": Attention(per_query_mask, attend_per_query)}
+ATTENTION_NAMES = ("auto", *ATTENTIONS)  # auto: grouped where its probe passes, else per query
 
 
 def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -324,11 +325,11 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
 class Forward:
     """The decoder over a ``Weights`` and a ``KVPool``; ``__call__`` runs one ragged batch.
     ``invariant``: batch invariance (see the module docstring); None: ``BATCH_INVARIANT``.
-    ``attention``: how a batch-invariant pass attends (a key of ``ATTENTIONS``); None: grouped
+    ``attention``: how a batch-invariant pass attends (a key of ``ATTENTIONS``); auto: grouped
     where its probe passes on this machine at the model's head shapes, else per query."""
 
     def __init__(self, weights: Weights, pool: KVPool, tap_layers: Sequence[int] = (),
-                 invariant: bool | None = None, attention: str | None = None):
+                 invariant: bool | None = None, attention: str = "auto"):
         self.w, self.pool, self.tap_layers = weights, pool, tuple(tap_layers)
         s = weights.shape
         self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
@@ -337,13 +338,17 @@ class Forward:
             invariant = weights.embed.device.type == "cpu" and BATCH_INVARIANT.get(dtype, False)
         # batch invariance: linears over at most this many rows at once (None: off)
         self.rows = invariant_rows(weights) if invariant else None
-        if attention is not None and attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)}, not {attention!r}")
-        if invariant and attention is None:
+        if attention not in ATTENTION_NAMES:
+            raise ValueError(f"attention must be one of {list(ATTENTION_NAMES)}, not {attention!r}")
+        if invariant and attention == "auto":
             grouped = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, dtype)
             attention = "grouped" if grouped else "per_query"
         self.attention_kind = attention if invariant else None  # None: SDPA as it comes
-        self.invariant_attention = ATTENTIONS[attention] if invariant else None
+
+    @property
+    def invariant_attention(self) -> Attention | None:
+        """The batch-invariant attention this forward runs (None: not batch invariant)."""
+        return ATTENTIONS.get(self.attention_kind)
 
     @property
     def key_block(self) -> int | None:

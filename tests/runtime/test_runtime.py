@@ -304,13 +304,13 @@ def bfloat16(hf):
     return Weights.from_hf(model)
 
 
-@pytest.mark.parametrize("attention", [None, *sorted(ATTENTIONS)])
+@pytest.mark.parametrize("attention", ["auto", *sorted(ATTENTIONS)])
 def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf, attention):
     """Batch invariance, on by default in bfloat16: each token's logits are exactly those of
     decoding it alone, whether it comes in a k-token verify (also one longer than SHORT), next
     to other requests and a prompt chunk, or after a prompt prefilled in two chunks (speculative
     decoding in bfloat16 then commits exactly plain decoding's tokens). Per-query attention is
-    invariant by construction; grouped where its probe passes here (None: what the forward
+    invariant by construction; grouped where its probe passes here (auto: what the forward
     picks)."""
     w = bfloat16(hf)
     s = w.shape
