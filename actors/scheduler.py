@@ -27,7 +27,8 @@ oldest queued item's arrival or from the end of the last step, whichever is late
 requests of a step come back about one round trip after it, spread by the trip through the
 Serve replica and the other actor; waiting a fraction of a step for the stragglers is cheaper
 than running them in a second step of their own (a step's cost grows far slower than its
-rows). Counting from the step's end matters: items that queued while a step ran would
+rows). (A request the target actor runs whole, ``TargetActor.rounds``, makes no such trip: its
+next round is queued as soon as its answer is in.) Counting from the step's end matters: items that queued while a step ran would
 otherwise start the next step at once, without the requests of the step just ended, and the
 running requests would settle into two groups taking turns in half-full steps (measured: 8
 plain-decoding clients ran in steps of 3.8 requests).

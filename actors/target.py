@@ -15,12 +15,19 @@ A drafter without a model (n-gram, suffix: lookups, no forward) may run here too
 in one step, with no drafter actor between two target steps. The drafting is the same
 ``DraftWorker`` code, so the tokens are too.
 
+A request that needs no drafter actor (this actor drafts, or it decodes plainly) may also run
+here whole (``rounds``): its round program runs on this actor, each round submitted the moment
+the last one ends, and the answers stream to the caller, which replays them through its own
+program. A round then never waits for a trip to the caller and back, and a step never waits
+for requests that are away on that trip.
+
 It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +35,8 @@ import torch
 from actors.host import RequestHost
 from actors.leases import Leases, require_state
 from actors.scheduler import BatchingConfig, DraftCall, StepInfo, TargetScheduler
+from specdec.engine import rounds
 from specdec.engine.loading import load_drafter, load_target, target_taps
-from specdec.engine.rounds import Commit
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
 from specdec.models.drafters import runs_no_model
@@ -43,7 +50,6 @@ class TargetInfo:
     vocab_size: int
     eos_token_ids: frozenset[int]
     threads: int  # torch threads the actor runs on
-    drafts: bool = False  # it runs the drafter itself: rounds go to ``round``, not ``verify``
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,10 @@ class Opened:
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
     step: StepInfo | None = None
 
+    def answer(self, drafter_s: float = 0.0) -> rounds.Opened:
+        """The round program's answer to its ``Open``."""
+        return rounds.Opened(self.room, self.target_s, drafter_s, self.draft_cap)
+
 
 @dataclass(frozen=True)
 class Verified:
@@ -61,7 +71,11 @@ class Verified:
     room: int  # draft tokens the context has room for in the next round
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
     step: StepInfo | None = None
-    draft: Draft | None = None  # the draft it verified, when this actor drafted it (``round``)
+    draft: Draft | None = None  # the draft it verified
+
+    def answer(self) -> rounds.Verified:
+        """The round program's answer to its ``Verify``."""
+        return rounds.Verified(self.result, self.room, self.draft_cap)
 
 
 class TargetActor(RequestHost):
@@ -85,36 +99,108 @@ class TargetActor(RequestHost):
 
     def info(self) -> TargetInfo:
         t = self.worker.target_model
-        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads(),
-                          self.scheduler.drafter is not None)
+        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads())
 
     def active(self) -> list[str]:
         drafter = self.scheduler.drafter
         return sorted(set(self.worker.requests) | set(drafter.requests if drafter else ()))
 
     def open(self, rid: str, prompt_ids: list[int], params: GenerationParams) -> Opened:
-        self.sweep()
-        t0 = time.perf_counter()
-        done = self._guarded(rid, self._wait, self.scheduler.open(rid, OpenRequest(prompt_ids, params)))
-        return Opened(done.value, done.room, time.perf_counter() - t0, done.draft_cap, done.info)
+        return self._opening(rid, prompt_ids, params)()
 
     def verify(self, rid: str, draft: Draft) -> Verified:
-        require_state(self.worker.requests, rid)
-        done = self._guarded(rid, self._wait, self.scheduler.verify(rid, draft))
-        return Verified(done.value, done.room, done.draft_cap, done.info)
+        return self._verifying(rid, draft)()
 
-    def round(self, rid: str, limit: int, commit: Commit | None = None) -> Verified:
+    def round(self, rid: str, limit: int, commit: rounds.Commit | None = None) -> Verified:
         """With the drafter on this actor: commit the previous round (when given), draft up to
         ``limit`` tokens and verify them, in one step."""
-        require_state(self.worker.requests, rid)
-        call = DraftCall.after(limit, commit)
-        done = self._guarded(rid, lambda: self.scheduler.round(rid, call).result())
-        draft, result = done.value
-        return Verified(result, done.room, done.draft_cap, done.info, draft)
+        return self._rounding(rid, limit, commit)()
 
-    @staticmethod
-    def _wait(future):
-        return future.result()
+    def rounds(self, rid: str, prompt_ids: list[int], params: GenerationParams
+               ) -> Iterator[Opened | Verified]:
+        """The request's whole life on this actor, for a request that needs no drafter actor
+        (this actor drafts, or it decodes plainly): the request's ``RoundProgram`` runs here,
+        each round submitted the moment the last one is answered, with no trip to the caller
+        between two. Yields the answers in order, the ``Opened``, then each round's ``Verified``
+        with the draft it verified; each goes out once the next round is submitted, so its trip
+        overlaps that round. The caller replays them through its own program of the request:
+        the same program, so the same rounds, and only the caller's can end at a stop string
+        (it holds the tokeniser), so it closes the request when its program finishes. Here the
+        loop ends when this program finishes (its state is freed at once: no step waits for
+        it) or once the request is closed; closed by the caller, it ends quietly."""
+        program = rounds.RoundProgram(prompt_ids, params)
+        steps = program.steps(self.worker.target_model.eos_token_ids)
+        drafts = self.scheduler.drafter is not None
+        step, commit, last = next(steps), None, None  # last: the latest answer, not yet sent
+        try:
+            while not isinstance(step, rounds.Finish):
+                answer = None
+                match step:
+                    case rounds.Open():
+                        last = yield from sent_then(last, self._opening(rid, prompt_ids, params))
+                        answer = last.answer()
+                    case rounds.Propose(limit) if drafts:
+                        last = yield from sent_then(last, self._rounding(rid, limit, commit))
+                        answer, commit = last.draft, None
+                    case rounds.Propose():
+                        answer = Draft([], None)  # plain decoding
+                    case rounds.Verify(draft) if not drafts:
+                        last = yield from sent_then(last, self._verifying(rid, draft))
+                        answer = last.answer()
+                    case rounds.Verify():
+                        answer = last.answer()  # the round verified what it drafted
+                    case rounds.Commit():
+                        commit = step  # sent with the next round
+                step = steps.send(answer)
+            yield last
+        except LookupError:  # Closed, LostState: the caller closed it, or nothing to report to
+            if rid not in self.scheduler.closed:
+                raise
+        finally:
+            self.close(rid)
+
+    # ---- each call in two halves: submit the work, then wait for its answer -----------------
+    def _opening(self, rid: str, prompt_ids: list[int], params: GenerationParams
+                 ) -> Callable[[], Opened]:
+        self.sweep()
+        t0 = time.perf_counter()
+        future = self.scheduler.open(rid, OpenRequest(prompt_ids, params))
+
+        def opened() -> Opened:
+            done = self._guarded(rid, future.result)
+            return Opened(done.value, done.room, time.perf_counter() - t0, done.draft_cap, done.info)
+
+        return opened
+
+    def _verifying(self, rid: str, draft: Draft) -> Callable[[], Verified]:
+        require_state(self.worker.requests, rid)
+        future = self.scheduler.verify(rid, draft)
+
+        def verified() -> Verified:
+            done = self._guarded(rid, future.result)
+            return Verified(done.value, done.room, done.draft_cap, done.info, draft)
+
+        return verified
+
+    def _rounding(self, rid: str, limit: int, commit: rounds.Commit | None
+                  ) -> Callable[[], Verified]:
+        require_state(self.worker.requests, rid)
+        future = self._guarded(rid, self.scheduler.round, rid, DraftCall.after(limit, commit))
+
+        def verified() -> Verified:
+            done = self._guarded(rid, future.result)
+            draft, result = done.value
+            return Verified(result, done.room, done.draft_cap, done.info, draft)
+
+        return verified
+
+
+def sent_then(last, answer: Callable):
+    """Within ``TargetActor.rounds``: yield the previous answer (if any) now that the next work
+    is submitted, then wait for that work's ``answer``."""
+    if last is not None:
+        yield last
+    return answer()
 
 
 def drafter_builder(spec: dict | None, dtype: str):

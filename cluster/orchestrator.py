@@ -2,17 +2,26 @@
 
 The round is ``specdec.engine.rounds.RoundProgram``, the very program the engine drives (the
 same limit, truncation, finishing and stats), so served tokens equal engine tokens; this module
-answers its steps with awaited actor calls. Per round: draft on the drafter actor, which first
-commits the previous round's result (the program's ``Commit`` is held back and sent with the
-next draft call), then verify on the target actor: two actor calls. A target that runs the
-drafter itself (n-gram, suffix: ``TargetInfo.drafts``) takes the whole round in one call,
-``round``, which answers both the program's Propose and its Verify. Only token ids, stats and a
-few feature rows cross. Many requests run concurrently on one event loop; the
-actors batch the calls that wait at the same time (one target forward verifies them all), and
-each answer carries the load-aware cap on the next draft, which shrinks as the batch grows.
-``reap`` frees state an actor holds for a request with no running loop (an orphan: a loop whose
-``finally`` never ran), so no path leaves state behind for longer than one reaping period.
-This module knows nothing about HTTP or tokenisation.
+answers its steps from the actors. Two ways, by whether a drafter actor serves:
+
+- *Streamed* (no drafter actor: the target drafts itself -- n-gram, suffix -- or decodes
+  plainly). The target actor runs the request's program whole (``TargetActor.rounds``), each
+  round submitted there the moment the last one ends, and streams its answers (the prefill's,
+  then each round's draft and verification); this loop replays them through its own program.
+  Both programs are the same code on the same answers, so they ask for the same rounds; only
+  this one checks stop strings (the tokeniser is here), and when it finishes, the close ends
+  the target's loop too. One actor call a request: a round never waits for a trip to the
+  replica and back, and a target step never waits for requests that are away on that trip.
+- *Called* (a drafter actor): per round, draft on the drafter actor, which first commits the
+  previous round's result (the program's ``Commit`` is held back and sent with the next draft
+  call), then verify on the target actor: two actor calls.
+
+Only token ids, stats and a few feature rows cross. Many requests run concurrently on one event
+loop; the actors batch the work that waits at the same time (one target forward verifies it
+all), and each answer carries the load-aware cap on the next draft, which shrinks as the batch
+grows. ``reap`` frees state an actor holds for a request with no running loop (an orphan: a
+loop whose ``finally`` never ran), so no path leaves state behind for longer than one reaping
+period. This module knows nothing about HTTP or tokenisation.
 
 Cleanup calls are ``detached`` from the request. In an async actor (a Serve replica) Ray counts
 every actor call made in a request's context as a child of that request's task, and cancelling
@@ -29,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
+from actors.leases import LostState
 from specdec.engine import rounds
 from specdec.engine.workers import Draft
 
@@ -56,12 +66,10 @@ def detached(fn, *args) -> None:
 
 
 class Orchestrator:
-    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None,
-                 target_drafts: bool = False):
+    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None):
         self.target_actor = target_actor  # Ray actor handle of a TargetActor
-        # of a DrafterActor, or None: plain decoding, or the target drafts (``target_drafts``)
+        # of a DrafterActor, or None: the target runs each request whole (module docstring)
         self.drafter_actor = drafter_actor
-        self.target_drafts = target_drafts
         self.eos = eos_token_ids
         # optional: .round(draft, result, seconds), .finished(program), and for the target's
         # batching .step(StepInfo) once per step and .queued(seconds) once per target call
@@ -76,23 +84,33 @@ class Orchestrator:
         t0 = time.perf_counter()
         self.live.add(rid)
         steps = program.steps(self.eos)
+        stream = None if self.drafter_actor is not None else Streamed(self.target_actor, rid)
         try:
             step, answer, commit, t1 = next(steps), None, None, t0
-            verified = None  # the target's round answer, when it drafted too
+            verified = None  # the streamed round whose draft answered the last Propose
             while not isinstance(step, rounds.Finish):
                 match step:
+                    case rounds.Open() if stream is not None:
+                        opened = await stream.start(step.prompt_ids, step.params)
+                        self._observe(opened.step)
+                        answer = opened.answer()
                     case rounds.Open():
                         answer = await self._open(rid, step)
-                    case rounds.Propose(limit) if self.target_drafts:
+                    case rounds.Propose(limit) if stream is not None:
                         t1 = time.perf_counter()
-                        answer, verified = await self._round(rid, limit, commit, t1)
-                        commit = None
+                        verified = await stream.next()
+                        if len(verified.draft.tokens) > limit:  # the two programs differ
+                            raise RuntimeError(f"request {rid}: the target drafted "
+                                               f"{len(verified.draft.tokens)} tokens, past "
+                                               f"this round's limit of {limit}")
+                        answer = verified.draft
                     case rounds.Propose(limit):
                         t1 = time.perf_counter()
                         answer = await self._draft(rid, limit, commit)
                         commit = None
-                    case rounds.Verify() if verified is not None:
-                        answer, verified = verified, None
+                    case rounds.Verify(draft) if verified is not None:
+                        self._observe_round(draft, verified, t1)
+                        answer, verified = verified.answer(), None
                     case rounds.Verify(draft):
                         answer = await self._verify(rid, draft, t1)
                     case rounds.Commit():
@@ -112,32 +130,22 @@ class Orchestrator:
     async def _open(self, rid: str, step: rounds.Open) -> rounds.Opened:
         opened = await self.target_actor.open.remote(rid, step.prompt_ids, step.params)
         t0 = time.perf_counter()
-        if self.drafter_actor is not None:
-            await self.drafter_actor.open.remote(rid, step.prompt_ids, opened.features, step.params)
+        await self.drafter_actor.open.remote(rid, step.prompt_ids, opened.features, step.params)
         self._observe(opened.step)
-        drafter_s = time.perf_counter() - t0
-        return rounds.Opened(opened.room, opened.target_s, drafter_s, opened.draft_cap)
+        return opened.answer(drafter_s=time.perf_counter() - t0)
 
     async def _draft(self, rid: str, limit: int, commit: rounds.Commit | None) -> Draft:
-        if self.drafter_actor is None:
-            return Draft([], None)
         return await self.drafter_actor.draft.remote(rid, limit, commit)
 
     async def _verify(self, rid: str, draft: Draft, t_round: float) -> rounds.Verified:
         verified = await self.target_actor.verify.remote(rid, draft)
+        self._observe_round(draft, verified, t_round)
+        return verified.answer()
+
+    def _observe_round(self, draft: Draft, verified, t_round: float) -> None:
         if self.observer is not None:
             self.observer.round(draft, verified.result, time.perf_counter() - t_round)
         self._observe(verified.step)
-        return rounds.Verified(verified.result, verified.room, verified.draft_cap)
-
-    async def _round(self, rid: str, limit: int, commit: rounds.Commit | None,
-                     t_round: float) -> tuple[Draft, rounds.Verified]:
-        """The whole round on a target that drafts: the draft it made, and its verification."""
-        verified = await self.target_actor.round.remote(rid, limit, commit)
-        if self.observer is not None:
-            self.observer.round(verified.draft, verified.result, time.perf_counter() - t_round)
-        self._observe(verified.step)
-        return verified.draft, rounds.Verified(verified.result, verified.room, verified.draft_cap)
 
     def _observe(self, info) -> None:
         if self.observer is None or info is None:
@@ -169,3 +177,26 @@ class Orchestrator:
         for rid in orphans:
             self.close(rid)
         return orphans
+
+
+class Streamed:
+    """The answers of one request the target actor runs whole (``TargetActor.rounds``), in the
+    order its program asks for them: ``start`` the ``Opened``, then ``next`` each round's
+    ``Verified`` (its ``draft`` the round's draft)."""
+
+    def __init__(self, target_actor, rid: str):
+        self.target_actor, self.rid = target_actor, rid
+        self.answers = None  # Ray's ObjectRefGenerator of the actor's ``rounds``
+
+    async def start(self, prompt_ids: list[int], params):
+        self.answers = self.target_actor.rounds.options(num_returns="streaming").remote(
+            self.rid, prompt_ids, params)
+        return await self.next()
+
+    async def next(self):
+        try:
+            ref = await self.answers.__anext__()
+        except StopAsyncIteration:  # its loop ended before this program finished
+            raise LostState(f"request {self.rid}: the target actor closed it (idle past the "
+                            "TTL, or its state was freed); retry the request") from None
+        return await ref

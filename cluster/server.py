@@ -100,7 +100,7 @@ class Server:
         self.prometheus = ApiMetrics(self.model_id, self.args.limits.kv_slots)  # ``GET /metrics``
         self.orchestrator = Orchestrator(self.target_actor, self.drafter_actor,
                                          self.info.eos_token_ids,
-                                         Fanout(observer, self.prometheus), self.info.drafts)
+                                         Fanout(observer, self.prometheus))
         self.slots: set[str] = set()  # request ids holding a concurrency slot
         self.reaper: asyncio.Task | None = None  # started with the first request
 

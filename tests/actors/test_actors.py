@@ -65,6 +65,64 @@ def test_actors_give_engine_tokens(tiny_llama, drafter_name):
     assert target.active() == [] and drafter.active() == []
 
 
+def replay(target_actor: TargetActor, prompt_ids, params, rid: str = "r1"):
+    """The orchestrator's replay of a request the target runs whole (``TargetActor.rounds``):
+    its answers, in order, through a program of our own; returns its tokens and the stream,
+    which the program's last round has drained up to the actor's own finish."""
+    program, answers = rounds.RoundProgram(prompt_ids, params), target_actor.rounds(rid, prompt_ids, params)
+    machine = program.steps(target_actor.info().eos_token_ids)
+    step, verified = next(machine), None
+    while not isinstance(step, rounds.Finish):
+        answer = None
+        if isinstance(step, rounds.Open):
+            answer = next(answers).answer()
+        elif isinstance(step, rounds.Propose):
+            verified = next(answers)
+            assert len(verified.draft.tokens) <= step.limit
+            answer = verified.draft
+        elif isinstance(step, rounds.Verify):
+            answer = verified.answer()
+        step = machine.send(answer)
+    return program.token_ids, answers
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "none"])
+def test_a_request_run_whole_on_the_target_gives_the_engine_tokens(tiny_llama, drafter):
+    """Drafting on the target (n-gram) or decoding plainly: the target's own loop streams the
+    answers a replaying program needs, ends with that program's last round, and frees the
+    request itself, with no close."""
+    local = {"drafter": drafter} if drafter != "none" else None
+    target = TargetActor(tiny_llama["target"], drafter, "float64", local_drafter=local)
+    pair = load_pair(tiny_llama["target"], drafter, dtype="float64")
+    ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
+    params = GenerationParams(max_new_tokens=30)
+    tokens, answers = replay(target, ids, params)
+    assert tokens == Engine(pair.target, pair.drafter).generate(ids, params).token_ids
+    assert next(answers, None) is None  # its loop finished with the same round
+    assert target.active() == []
+
+
+def test_closing_a_request_ends_its_rounds_quietly(tiny_llama):
+    """The caller's program finished first (a stop string) or its client left: the close ends
+    the target's loop of the request mid-way, with no error, and frees it."""
+    target = TargetActor(tiny_llama["target"], "none", "float64")
+    answers = target.rounds("r", [5, 6, 7, 8, 9], GenerationParams(max_new_tokens=500))
+    next(answers), next(answers)  # opened, one round: 500 rounds take far longer
+    target.close("r")
+    assert len(list(answers)) < 400  # what was answered before the close, then the end
+    assert target.active() == []
+
+
+def test_an_error_in_a_request_run_whole_reaches_the_caller(tiny_llama):
+    from specdec.runtime import PoolFull
+
+    target = TargetActor(tiny_llama["target"], "none", "float64", kv_slots=1)
+    target.open("a", [1, 2, 3], GenerationParams())
+    with pytest.raises(PoolFull):
+        next(target.rounds("b", [4, 5], GenerationParams()))
+    assert target.active() == ["a"]
+
+
 def test_model_work_runs_on_each_actors_scheduler_thread(tiny_llama):
     # one model thread per actor (actors.scheduler): opens, steps, commits and drafts alike
     import threading

@@ -1,4 +1,5 @@
-"""Cancelling a request, as Serve does when a client leaves, still frees its state in both actors.
+"""Cancelling a request, as Serve does when a client leaves, still frees its state in both actors,
+and ends a request the target actor runs whole.
 
 Serve cancels the replica's task with ``ray.cancel`` (recursive, and sometimes more than once),
 which also cancels the actor calls that task has pending. The orchestrator's ``close`` must
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import pytest
 
+from actors.target import TargetActor
 from cluster.app import actor_class
 from cluster.orchestrator import Orchestrator, control
 
@@ -88,4 +91,102 @@ def test_close_survives_repeated_cancellation(ray_cluster):
         assert wait_for(busy, "close r1")  # it ran after the held round ended
     finally:
         for actor in (front, busy, idle):
+            ray.kill(actor)
+
+
+class CountingTarget(TargetActor):
+    """A target actor that counts each request's verifies (plain decoding: one a round)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.verifies: Counter[str] = Counter()
+
+    def _verifying(self, rid: str, draft):
+        self.verifies[rid] += 1
+        return super()._verifying(rid, draft)
+
+    def verified(self, rid: str) -> int:
+        return self.verifies[rid]
+
+
+class StreamedFront:
+    """The replica's loop of one request the target actor runs whole (no drafter actor)."""
+
+    def __init__(self, target):
+        import ray
+
+        eos = ray.get(target.info.remote()).eos_token_ids  # as the server reads them
+        self.orchestrator = Orchestrator(target, None, eos)
+        self.rounds = 0
+
+    async def ready(self) -> bool:
+        return True
+
+    async def request(self, rid: str, prompt_ids: list[int], max_new_tokens: int,
+                      leave_after: int | None = None) -> list[int]:
+        """Run the request; ``leave_after`` rounds: stop reading it then, as the server does
+        at a stop string (the loop's ``finally`` closes it)."""
+        from contextlib import aclosing
+
+        from specdec.engine.rounds import RoundProgram
+        from specdec.engine.settings import GenerationParams
+
+        program = RoundProgram(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens))
+        self.rounds = 0  # of this request
+        async with aclosing(self.orchestrator.run(rid, program)) as rounds:
+            async for _ in rounds:
+                self.rounds += 1
+                if self.rounds == leave_after:
+                    break
+        return program.token_ids
+
+    async def seen_rounds(self) -> int:
+        """Rounds of the current request so far."""
+        return self.rounds
+
+
+def holds_nothing(target, within_s: float = 60.0) -> bool:
+    """Whether the target actor holds no request's state, within ``within_s``."""
+    import ray
+
+    deadline = time.monotonic() + within_s
+    while ray.get(control(target.active).remote(), timeout=60):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.timeout(240)
+def test_a_request_the_target_runs_whole_ends_when_left_or_cancelled(ray_cluster, tiny_llama):
+    """The target's own round loop (``TargetActor.rounds``) has a round in flight when the
+    replica stops reading the request (its program finished first: a stop string) or when the
+    replica's task is cancelled (Ray's recursive cancel reaches the loop too): either way the
+    loop ends long before its 200 rounds, and the actor holds nothing; a request run to its end
+    frees itself."""
+    import ray
+
+    target = actor_class(CountingTarget, 8).options(num_cpus=0).remote(
+        tiny_llama["target"], "none", "float64")
+    front = ray.remote(StreamedFront).options(num_cpus=0).remote(target)
+    prompt = [5, 6, 7, 8, 9]  # no EOS within 200 tokens
+    try:
+        assert ray.get(front.ready.remote(), timeout=180)
+        assert len(ray.get(front.request.remote("done", prompt, 8), timeout=120)) == 8
+        assert holds_nothing(target)
+        ray.get(front.request.remote("left", prompt, 200, 4), timeout=120)
+        assert holds_nothing(target)
+        assert ray.get(control(target.verified).remote("left"), timeout=60) < 100  # it stopped
+        ref = front.request.remote("cancelled", prompt, 200)
+        deadline = time.monotonic() + 60
+        while ray.get(front.seen_rounds.remote(), timeout=60) < 10:  # well into its rounds
+            assert time.monotonic() < deadline, "the request never got going"
+            time.sleep(0.01)
+        ray.cancel(ref)
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref, timeout=60)
+        assert holds_nothing(target)
+        assert ray.get(control(target.verified).remote("cancelled"), timeout=60) < 100
+    finally:
+        for actor in (front, target):
             ray.kill(actor)
