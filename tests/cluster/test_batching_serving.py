@@ -91,12 +91,17 @@ def test_two_replicas_serve_the_same_tokens_and_keep_no_state(served, tiny_root,
 
 def test_a_target_that_drafts_serves_the_engine_tokens_and_keeps_no_state(served, tiny_root):
     """The n-gram drafter runs on the target actor (drafter_placement auto): no drafter actor,
-    one call a round, and each concurrent request (streamed or not, joining mid-flight) gets
-    the engine's tokens alone, strict and with ASD at B = 0 and B > 0."""
+    each request runs whole on the target (one call a request, its rounds streamed back), and
+    each concurrent request (streamed or not, joining mid-flight) gets the engine's tokens
+    alone, strict and with ASD at B = 0 and B > 0; a stop string, which only the replica sees,
+    ends the request there and its close ends the target's loop of it."""
     from openai import OpenAI
 
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_pair
+    from specdec.engine.settings import GenerationParams, SpecSettings
+    from specdec.engine.stops import StopStrings
+    from tests.cluster.test_openai_fields import a_stop_in
 
     pair = load_pair(f"{tiny_root}/target", "ngram", dtype="float64")
     engine, tok = Engine(pair.target, pair.drafter), pair.target.tokenizer
@@ -111,6 +116,13 @@ def test_a_target_that_drafts_serves_the_engine_tokens_and_keeps_no_state(served
         body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 40}
         stats = requests.post(f"{url}/v1/completions", json=body, timeout=60).json()["spec_decode"]
         assert stats["mean_accepted_length"] > 1  # the target's own drafts were accepted
+        ids, strict = tok(PROMPTS[1])["input_ids"], GenerationParams(40, spec=SpecSettings(verify="strict"))
+        decode = lambda t: tok.decode(t, skip_special_tokens=True)  # noqa: E731
+        stop = a_stop_in(decode(engine.generate(ids, strict).token_ids))
+        cut = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=40, stop=[stop],
+                                        extra_body={"speculative": {"verify": "strict"}}).choices[0]
+        assert cut.finish_reason == "stop"
+        assert cut.model_extra["token_ids"] == engine.generate(ids, strict, StopStrings([stop], decode)).token_ids
         deadline = time.monotonic() + 30
         while requests.get(f"{url}/debug/active", timeout=30).json()["target"]:
             assert time.monotonic() < deadline, "state left in the target actor"

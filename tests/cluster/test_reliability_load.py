@@ -1,4 +1,6 @@
-"""Load on the session's app: 200 requests at concurrency 8, streamed and not, mixed settings.
+"""Load on the session's app (a drafter actor: two actor calls a round) and on one whose
+target drafts itself (n-gram: each request runs whole on the target actor, one call a
+request): 200 requests at concurrency 8, streamed and not, mixed settings.
 
 Every output must equal its sequential run, no request may fail, no per-request state may be
 left in the actors afterwards, and the actors' resident memory must stay within 10% of its
@@ -13,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from tests.cluster.extra_apps import extra_app, tiny_args
 from tests.cluster.test_load import wait_idle
 
 REQUESTS, CONCURRENCY, MAX_TOKENS = 200, 8, 12
@@ -51,10 +54,22 @@ def complete(served: str, prompt: str, spec: dict, stream: bool) -> list[int]:
 
 def resident(served: str) -> dict[str, int]:
     actors = requests.get(f"{served}/debug/actors", timeout=10).json()
-    return {name: info["rss_bytes"] for name, info in actors.items()}
+    return {name: info["rss_bytes"] for name, info in actors.items() if info is not None}
 
 
 def test_200_requests_at_concurrency_8(served):
+    load(served, "LOAD")
+
+
+def test_200_requests_at_concurrency_8_run_whole_on_the_target(served, tiny_root):
+    with extra_app(served, "load-whole", tiny_args(tiny_root, drafter="ngram")) as url:
+        assert requests.get(f"{url}/debug/actors", timeout=30).json()["drafter"] is None
+        load(url, "LOAD-WHOLE")
+
+
+def load(served: str, tag: str) -> None:
+    """The load: every output equals its sequential run, no error, no state left, and the
+    actors' memory within 10% of its level after the warm-up; prints the figures."""
     cold = resident(served)
     sequential = {(p, json.dumps(s)): complete(served, p, s, False)
                   for p in PROMPTS for s in SETTINGS}
@@ -77,7 +92,7 @@ def test_200_requests_at_concurrency_8(served):
     assert wait_idle(served) == {"target": [], "drafter": []}
     after = resident(served)
     growth = {name: after[name] / warm[name] - 1 for name in warm}
-    print(f"\nLOAD requests={REQUESTS} concurrency={CONCURRENCY} max_tokens={MAX_TOKENS} "
+    print(f"\n{tag} requests={REQUESTS} concurrency={CONCURRENCY} max_tokens={MAX_TOKENS} "
           f"seconds={seconds:.1f} rps={REQUESTS / seconds:.1f} errors={len(errors)} "
           f"cold_mb={ {k: round(v / 2**20) for k, v in cold.items()} } "
           f"warm_mb={ {k: round(v / 2**20) for k, v in warm.items()} } "
