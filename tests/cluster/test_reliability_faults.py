@@ -1,4 +1,6 @@
 """Faults in a separate app (its own actors): the target actor's process is killed mid-stream.
+Two apps: one with a drafter actor (two actor calls a round) and one whose target drafts itself
+(n-gram: each request runs whole on the target, its rounds streamed back to the replica).
 
 The stream must end with an in-band error event and ``[DONE]``, not hang; the actor restarts
 (``max_restarts`` in ``cluster.app``); the next request succeeds within 60 s; and no state of
@@ -20,9 +22,11 @@ from tests.cluster.extra_apps import extra_app, tiny_args
 RECOVERY_S = 60
 
 
-@pytest.fixture(scope="module")
-def fault_app(served, tiny_root):
-    with extra_app(served, "fault", tiny_args(tiny_root, limits={"max_tokens": 500})) as url:
+@pytest.fixture(scope="module", params=["drafter-actor", "whole-on-target"])
+def fault_app(request, served, tiny_root):
+    drafter = {"drafter": "ngram"} if request.param == "whole-on-target" else {}
+    args = tiny_args(tiny_root, limits={"max_tokens": 500}, **drafter)
+    with extra_app(served, f"fault-{request.param}", args) as url:
         yield url
 
 
@@ -71,7 +75,8 @@ def test_killing_the_target_mid_stream(fault_app):
     assert actors(fault_app)["target"]["pid"] != before  # a new process: it restarted
     state = requests.get(f"{fault_app}/debug/active", timeout=30).json()
     assert state == {"target": [], "drafter": []}
-    print(f"\nFAULT stream_ended_s={ended_s:.2f} next_success_s={ended_s + recovered_s:.2f} "
+    print(f"\nFAULT app={fault_app.rsplit('/', 1)[-1]} stream_ended_s={ended_s:.2f} "
+          f"next_success_s={ended_s + recovered_s:.2f} "
           f"error={errors[0]['message'][:80]!r}")
 
 
