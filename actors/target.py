@@ -165,34 +165,29 @@ class TargetActor(RequestHost):
         self.sweep()
         t0 = time.perf_counter()
         future = self.scheduler.open(rid, OpenRequest(prompt_ids, params))
-
-        def opened() -> Opened:
-            done = self._guarded(rid, future.result)
-            return Opened(done.value, done.room, time.perf_counter() - t0, done.draft_cap, done.info)
-
-        return opened
+        return self._answer(rid, future, lambda done: Opened(
+            done.value, done.room, time.perf_counter() - t0, done.draft_cap, done.info))
 
     def _verifying(self, rid: str, draft: Draft) -> Callable[[], Verified]:
         require_state(self.worker.requests, rid)
         future = self.scheduler.verify(rid, draft)
-
-        def verified() -> Verified:
-            done = self._guarded(rid, future.result)
-            return Verified(done.value, done.room, done.draft_cap, done.info, draft)
-
-        return verified
+        return self._answer(rid, future, lambda done: verified(done, draft, done.value))
 
     def _rounding(self, rid: str, limit: int, commit: rounds.Commit | None
                   ) -> Callable[[], Verified]:
         require_state(self.worker.requests, rid)
         future = self._guarded(rid, self.scheduler.round, rid, DraftCall.after(limit, commit))
+        return self._answer(rid, future, lambda done: verified(done, *done.value))
 
-        def verified() -> Verified:
-            done = self._guarded(rid, future.result)
-            draft, result = done.value
-            return Verified(result, done.room, done.draft_cap, done.info, draft)
+    def _answer(self, rid: str, future, build: Callable) -> Callable:
+        """The wait for ``future``'s ``Done``, made into an answer by ``build`` (an error frees
+        the request: ``_guarded``)."""
+        return lambda: build(self._guarded(rid, future.result))
 
-        return verified
+
+def verified(done, draft: Draft, result: RoundResult) -> Verified:
+    """A verified round's answer, from the scheduler's ``Done`` of it."""
+    return Verified(result, done.room, done.draft_cap, done.info, draft)
 
 
 def sent_then(last, answer: Callable):

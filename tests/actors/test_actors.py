@@ -67,22 +67,23 @@ def test_actors_give_engine_tokens(tiny_llama, drafter_name):
 
 def replay(target_actor: TargetActor, prompt_ids, params, rid: str = "r1"):
     """The orchestrator's replay of a request the target runs whole (``TargetActor.rounds``):
-    its answers, in order, through a program of our own; returns its tokens and the stream,
-    which the program's last round has drained up to the actor's own finish."""
+    its answers, in order, through a program of our own (``rounds.drive``); returns its tokens
+    and the stream, which the program's last round has drained up to the actor's own finish."""
     program, answers = rounds.RoundProgram(prompt_ids, params), target_actor.rounds(rid, prompt_ids, params)
-    machine = program.steps(target_actor.info().eos_token_ids)
-    step, verified = next(machine), None
-    while not isinstance(step, rounds.Finish):
-        answer = None
+    last = None  # the round whose draft answered the last Propose
+
+    def answer(step):
+        nonlocal last
         if isinstance(step, rounds.Open):
-            answer = next(answers).answer()
-        elif isinstance(step, rounds.Propose):
-            verified = next(answers)
-            assert len(verified.draft.tokens) <= step.limit
-            answer = verified.draft
-        elif isinstance(step, rounds.Verify):
-            answer = verified.answer()
-        step = machine.send(answer)
+            return next(answers).answer()
+        if isinstance(step, rounds.Propose):
+            last = next(answers)
+            assert len(last.draft.tokens) <= step.limit
+            return last.draft
+        return last.answer() if isinstance(step, rounds.Verify) else None
+
+    for _ in rounds.drive(program.steps(target_actor.info().eos_token_ids), answer):
+        pass
     return program.token_ids, answers
 
 
