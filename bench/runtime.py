@@ -219,7 +219,7 @@ def bench_dtype(dtype: str, path: str, tokenizer, prompts, args) -> dict:
     target = TargetModel(model, tokenizer, backend="runtime", pool_size=16)
     fwd = target.runtime
     plain = fwd.w.lm_head.wt is None and fwd.w.lm_head.packed is None
-    other = Forward(Weights.from_hf(model, single_row_copy=plain, multi_row_pack=plain), fwd.pool)
+    other = Forward(Weights.from_hf(model, single_row_copy=plain, pack=plain), fwd.pool)
     passes = pass_times(model, fwd, other, args.repeats)
     ar = ar_runs(model, target, prompts, args.max_new_tokens, exact=dtype == "float32")
     by = {(r["batch"], r["new_tokens"]): r for r in passes}

@@ -9,9 +9,10 @@ The tokens of a batch are laid out flat, ``[N, H]`` with ``N`` the sum of the ro
 lengths, so the linears, norms and MLPs (most of a pass) cost what the real tokens cost: no
 row is padded to another's length (a prompt in a step of decodes would otherwise make every
 decode row as long as the prompt). Attention runs per *group*: the short rows (decodes and
-verifies) together, padded to the group's longest new length ``T`` and context ``C``, with an
-explicit boolean mask ``[B, 1, T, C]`` for SDPA; each long row (a prompt chunk) alone. A group
-on consecutive KV slots reads the caches as a view, others gather their slots.
+verifies) in runs of consecutive KV slots, each padded to its longest new length ``T`` and
+context ``C``, with an explicit boolean mask ``[B, 1, T, C]`` for SDPA (``split_short`` cuts
+the runs where padding would cost more than another call); each long row (a prompt chunk)
+alone. A group reads its slots' caches as a view, never a copy.
 
 Logits come back only for the positions a row asks for (a prefill asks for its last), and the
 tapped layers' outputs (the block drafter's features) for the positions it asks for. Terms:
@@ -58,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.runtime.pool import KVPool
-from specdec.runtime.weights import Layer, Proj, Weights, packed_linear
+from specdec.runtime.weights import Layer, Proj, Weights
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,11 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * h.to(x.dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [N, heads, d]: transformers' ``x * cos + rotate_half(x) * sin``,
+    bitwise, with ``rotate_half(x) * sin`` as x's halves swapped times ``sin_signed`` (sin, its
+    first half negated: -a * b is a * -b exactly), two fewer passes over x."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 SHORT = 32  # rows of at most this many new tokens (decodes, verifies) attend as one group
@@ -118,7 +121,8 @@ INVARIANT_ROWS = 32  # the most rows a batch-invariant linear is tried on at onc
 def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS, outputs: int = 2 ** 18,
                    seeds: int = 2) -> int:
     """The most rows a linear of this model may run over at once with every row's output
-    bitwise what it is alone, on this machine's kernels, tried at each projection's shape.
+    bitwise what it is alone, on this machine's kernels, tried at each projection's shape as the
+    forward runs it (``Proj``: on its packed copy where it has one).
 
     A multi-row kernel may round like the 1-row one on most inputs and not on all, so each row
     count m is tried on random rows, cut into consecutive pieces of m: the first m that differs
@@ -137,10 +141,10 @@ def invariant_rows(weights: Weights, most: int = INVARIANT_ROWS, outputs: int = 
             for p in projections:
                 n = max(96, -(-outputs // p.w.shape[0]))
                 x = torch.randn(n, p.w.shape[1], generator=gen).to(p.w)
-                cases.append((p.w, x, torch.cat([F.linear(x[i:i + 1], p.w) for i in range(n)])))
+                cases.append((p, x, torch.cat([p(x[i:i + 1]) for i in range(n)])))
         for m in range(2, most + 1):
-            for w, x, alone in cases:
-                pieces = torch.cat([F.linear(x[j:j + m], w) for j in range(0, len(x), m)])
+            for p, x, alone in cases:
+                pieces = torch.cat([p(x[j:j + m]) for j in range(0, len(x), m)])
                 if not torch.equal(pieces, alone):
                     return m - 1
     return most
@@ -279,25 +283,72 @@ class Group:
     size: int  # its tokens
     T: int
     C: int
-    mask: torch.Tensor | None  # [B, 1, T, C]; None: one query that sees every cached key
-    span: tuple[int, int] | None  # slots lo..hi-1 when they are consecutive: read as a view
-    slots: torch.Tensor  # [B], for a gather when they are not
+    # [B, 1, T, C]; None: one query that sees every cached key, or ``causal``
+    mask: torch.Tensor | None
+    span: tuple[int, int]  # its slots, lo..hi-1 (consecutive): its caches are read as a view
     where: tuple[torch.Tensor, torch.Tensor] | None  # (b, t) of each token; None: no padding
     whole: bool = False  # a long prompt chunk: batch invariance computes it as one piece
     # batch invariant, not whole: ``mask`` laid out for the forward's attention (ATTENTIONS)
     head_mask: torch.Tensor | None = None
+    # one row with nothing cached and no ancestor mask, its keys unpadded: SDPA's own causal
+    # attention (a prompt's first chunk; it skips the blocks the mask would zero)
+    causal: bool = False
+
+
+# SDPA's time for one group, in microseconds, as 1, B, B*T, B*C and B*T*C weigh in it (B rows,
+# T queries and C keys each, padded): a least-squares fit of the grouped attention over B 1-8,
+# T 1-16 and C 128-512 on the AMX Xeon (2026-12-02, SmolLM2-135M's heads; median error 4%).
+# Only how the short rows are split into groups follows it, never what a token computes.
+ATTENTION_COST = (23.7, 0.52, 0.37, 0.025, 0.0059)
+
+
+def attention_cost(B: int, T: int, C: int) -> float:
+    one, per_row, per_query, per_key, per_score = ATTENTION_COST
+    return one + B * (per_row + per_query * T + per_key * C + per_score * T * C)
+
+
+def split_short(rows: Sequence[Row], lengths: Sequence[int], key_block: int | None,
+                max_len: int | None) -> list[list[int]]:
+    """The short rows (in slot order) cut into runs that attend as groups, each a run of
+    consecutive slots (it reads its caches as a view, never a copy): padded to its own longest
+    row and context, so one long draft or long context does not pad every row of the step, at
+    the price of another SDPA call per group -- the cut of least ``attention_cost``."""
+    def padded(n: int) -> int:
+        if not key_block:
+            return n
+        n = -(-n // key_block) * key_block
+        return n if max_len is None else min(n, max_len)
+
+    n = len(rows)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        T = C = 0
+        for i in range(j - 1, -1, -1):  # the run i..j-1, grown leftwards
+            if i < j - 1 and rows[i].slot + 1 != rows[i + 1].slot:
+                break
+            T = max(T, len(rows[i].ids))
+            C = max(C, lengths[i] + len(rows[i].ids))
+            cost = best[i] + attention_cost(j - i, T, padded(C))
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs, j = [], n
+    while j:
+        runs.append(list(range(cut[j], j)))
+        j = cut[j]
+    return runs[::-1]
 
 
 def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
                 key_block: int | None = None, max_len: int | None = None):
-    """Lay a batch out flat: one group of the short rows (decodes and verifies, padded to the
-    longest), then each long row (a prompt chunk) alone, so no prompt pads a decode. Returns the
-    groups, each row's first flat token, and the flat tokens' RoPE positions [N]. With a
-    ``key_block`` (batch invariance) every group but a long prompt chunk's reads whole key
-    blocks, through a mask."""
+    """Lay a batch out flat: the short rows (decodes and verifies) first, in slot order, in
+    groups of consecutive slots (``split_short``), each padded to its longest; then each long
+    row (a prompt chunk) alone, so no prompt pads a decode. Returns the groups, each row's first
+    flat token, and the flat tokens' RoPE positions [N]. With a ``key_block`` (batch invariance)
+    every group but a long prompt chunk's reads whole key blocks, through a mask."""
     short = sorted((b for b, r in enumerate(rows) if len(r.ids) <= SHORT), key=lambda b: rows[b].slot)
-    parts = ([(short, False)] if short else []) + [([b], r.chunk) for b, r in enumerate(rows)
-                                                   if len(r.ids) > SHORT]
+    runs = split_short([rows[b] for b in short], [lengths[b] for b in short], key_block, max_len)
+    parts = [([short[i] for i in run], False) for run in runs] + [
+        ([b], r.chunk) for b, r in enumerate(rows) if len(r.ids) > SHORT]
     groups, offsets, positions, start = [], [0] * len(rows), [], 0
     for members, whole in parts:
         block = None if whole else key_block
@@ -309,12 +360,12 @@ def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
         if any(n != T for n in ns):
             where = tuple(torch.tensor(ix, device=device) for ix in
                           zip(*[(i, t) for i, n in enumerate(ns) for t in range(n)], strict=True))
-        slots = [rows[b].slot for b in members]
-        consecutive = slots == list(range(slots[0], slots[0] + B))
+        lo = rows[members[0]].slot
+        alone = B == 1 and not block  # one row, its keys unpadded
+        causal = alone and T > 1 and lengths[members[0]] == 0 and rows[members[0]].ancestors is None
         groups.append(Group(members, start, sum(ns), T, mask.shape[-1],
-                            None if T == 1 and B == 1 and not block else mask,
-                            (slots[0], slots[0] + B) if consecutive else None,
-                            torch.tensor(slots, device=device), where, whole))
+                            None if alone and (T == 1 or causal) else mask,
+                            (lo, lo + B), where, whole, causal=causal))
         for b, n in zip(members, ns, strict=True):
             offsets[b] = start
             start += n
@@ -357,36 +408,41 @@ class Forward:
         return None if self.rows is None else KEY_BLOCK
 
     def linear(self, x: torch.Tensor, p: Proj, parts: list[int] | None = None) -> torch.Tensor:
-        """x: [N, in] -> [N, out]. Batch invariant: the plain weight, one call per part of the
+        """x: [N, in] -> [N, out]. Batch invariant: one call of the projection per part of the
         flat axis (``parts``, see ``parts``; None: ``self.rows`` rows at a time). Else a single
-        row uses the [in, out] copy and several rows the oneDNN-packed weight, where the layout
-        has them (see ``weights``)."""
+        row uses the [in, out] copy where the layout has one (see ``weights``), and everything
+        else one call of the projection."""
         if self.rows is not None:
             pieces = x.split(parts or self.rows)
             if len(pieces) == 1:
-                return F.linear(x, p.w, p.bias)
-            return torch.cat([F.linear(piece, p.w, p.bias) for piece in pieces])
-        if x.numel() == x.shape[-1]:
-            if p.wt is not None:
-                y = x @ p.wt
-                return y if p.bias is None else y + p.bias
-        elif p.packed is not None:
-            return packed_linear(x, p.packed, p.bias)
-        return F.linear(x, p.w, p.bias)
+                return p(x)
+            return torch.cat([p(piece) for piece in pieces])
+        if x.numel() == x.shape[-1] and p.wt is not None:
+            y = x @ p.wt
+            return y if p.bias is None else y + p.bias
+        return p(x)
 
     def parts(self, groups: list[Group]) -> list[int] | None:
-        """Batch invariant: how the linears cut the flat tokens -- each group in pieces of at
-        most ``self.rows`` (each row's outputs are then what they are alone), a long prompt
-        chunk whole (it always comes whole). None when not batch invariant."""
+        """Batch invariant: how the linears cut the flat tokens -- each run of groups that are
+        not long prompt chunks in pieces of at most ``self.rows`` (each row's outputs are then
+        what they are alone, whatever its piece holds), a long prompt chunk whole (it always
+        comes whole). None when not batch invariant."""
         if self.rows is None:
             return None
-        out = []
+        out, run = [], 0
+
+        def flush():
+            whole, rest = divmod(run, self.rows)
+            out.extend([self.rows] * whole + ([rest] if rest else []))
+
         for g in groups:
             if g.whole:  # a long prompt chunk
+                flush()
+                run = 0
                 out.append(g.size)
             else:
-                whole, rest = divmod(g.size, self.rows)
-                out += [self.rows] * whole + ([rest] if rest else [])
+                run += g.size
+        flush()
         return out
 
     @torch.inference_mode()
@@ -407,7 +463,7 @@ class Forward:
         write_slots = torch.tensor([rows[b].slot for b in order for _ in rows[b].ids], device=device)
         write_at = torch.tensor([lengths[b] + t for b in order for t in range(len(rows[b].ids))],
                                 device=device)
-        cos, sin = self.w.cos[pos].unsqueeze(1), self.w.sin[pos].unsqueeze(1)  # [N, 1, d]
+        cos, sin_signed = (t[pos].unsqueeze(1) for t in (self.w.cos, self.w.sin_signed))  # [N, 1, d]
         for g in groups:
             invariant = self.rows is not None and not g.whole
             if len(g.rows) > 1 or invariant:  # a group padded along the keys reads past a
@@ -420,8 +476,8 @@ class Forward:
         x = self.w.embed[ids]  # [N, H]
         taps = {}  # layer -> its output [N, H], for the tapped layers only
         for i, layer in enumerate(self.w.layers):
-            x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), groups, cos, sin,
-                                   (write_slots, write_at), parts)
+            x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), groups,
+                                   (cos, sin_signed), (write_slots, write_at), parts)
             x = x + self.mlp(layer, rms_norm(x, layer.mlp_norm, s.eps), parts)
             if i in self.tap_layers:  # the last layer's output is read after the final norm, as
                 taps[i] = x if i < s.layers - 1 else rms_norm(x, self.w.norm, s.eps)  # in HF
@@ -429,21 +485,23 @@ class Forward:
             pool.advance(r.slot, len(r.ids))
         return self.outputs(rows, offsets, x, taps)
 
-    def attention(self, i: int, layer: Layer, x, groups: list[Group], cos, sin,
+    def attention(self, i: int, layer: Layer, x, groups: list[Group],
+                  rotary: tuple[torch.Tensor, torch.Tensor],
                   write: tuple[torch.Tensor, torch.Tensor],
                   parts: list[int] | None = None) -> torch.Tensor:
-        """x: [N, H] normed flat tokens; write: (slot, position) of each token's key / value;
-        parts: the linears' cuts (``parts``). Every new key / value goes into the caches first;
+        """x: [N, H] normed flat tokens; rotary: each token's (cos, sin_signed) rows for
+        ``rope``; write: (slot, position) of each token's key / value; parts: the linears' cuts
+        (``parts``). Every new key / value goes into the caches first;
         then each group attends on its own."""
         s = self.w.shape
         N = x.shape[0]
         qkv = self.linear(x, layer.qkv, parts)  # [N, (h + 2 kvh) d]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = q.view(N, s.heads, s.head_dim), k.view(N, s.kv_heads, s.head_dim)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(N, s.heads + s.kv_heads, s.head_dim)
         if layer.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
-            q, k = rms_norm(q, layer.q_norm, s.eps), rms_norm(k, layer.k_norm, s.eps)
-        q = q * cos + rotate_half(q) * sin  # [N, h, d]
-        k = k * cos + rotate_half(k) * sin  # [N, kvh, d]
+            qk = torch.cat([rms_norm(qk[:, :s.heads], layer.q_norm, s.eps),
+                            rms_norm(qk[:, s.heads:], layer.k_norm, s.eps)], dim=1)
+        q, k = rope(qk, *rotary).split([s.heads, s.kv_heads], dim=1)  # q's and k's heads at once
         self.pool.write(i, *write, k, v.view(N, s.kv_heads, s.head_dim))
         outs = [self._attend(i, g, q[g.start:g.start + g.size]) for g in groups]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -458,17 +516,14 @@ class Forward:
         else:
             queries = q.new_zeros(B, T, s.heads, s.head_dim)
             queries[g.where] = q
-        if g.span is not None:  # a view of the slots, no copy: [B, kvh, C, d]
-            lo, hi = g.span
-            keys, values = pool.k[i][lo:hi, :, :g.C], pool.v[i][lo:hi, :, :g.C]
-        else:
-            keys, values = pool.k[i][g.slots, :, :g.C], pool.v[i][g.slots, :, :g.C]
+        lo, hi = g.span  # a view of the slots, no copy: [B, kvh, C, d]
+        keys, values = pool.k[i][lo:hi, :, :g.C], pool.v[i][lo:hi, :, :g.C]
         scale = s.head_dim ** -0.5
         if g.head_mask is not None:  # batch invariant
             out = self.invariant_attention.attend(queries, keys, values, g.head_mask, scale)
         else:
             out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
-                                                 attn_mask=g.mask, scale=scale,
+                                                 attn_mask=g.mask, is_causal=g.causal, scale=scale,
                                                  enable_gqa=s.heads != s.kv_heads).transpose(1, 2)
         if g.where is not None:  # out: [B, T, h, d]
             out = out[g.where]  # [n, h, d]: the real tokens only

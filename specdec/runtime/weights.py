@@ -6,18 +6,22 @@ full attention in every layer, RoPE of type default, linear or llama3. ``Weights
 the tensors of a loaded transformers model (the loader and the test reference; its forward never
 runs here) and fuses q/k/v and gate/up (the HF modules then hold views of the fused tensors, so
 the weights are not stored twice). Layout, by measurement (bench/runtime.py and
-docs/BENCHMARKS.md), for float32 on this AMD EPYC (AVX2), where MKL's ``F.linear`` over a few
-rows costs 2-3x one row (it repacks the weight on every call):
-- a pass of one row (a decode step, a prefill's lm_head) runs ``x @ wt`` on a pre-transposed
-  contiguous ``[in, out]`` copy: GEMV, about 1.4x (layers) to 2x (lm_head) faster than
-  ``F.linear``;
-- a pass of several rows (a verify, a batched step, a prefill) runs oneDNN's linear on a copy
-  of the weight reordered once, at load, into oneDNN's blocked layout (``packed``): the
-  linears of 8 rows cost about 1.2x one row's instead of 2.5x (``pack``, below; CPU only, when
-  PyTorch has oneDNN).
-The ``[out, in]`` weight itself stays for everything else (float64, bfloat16, GPUs, and the HF
-model, which shares its storage). bfloat16 has no copies: ``x @ wt`` in bf16 was 6-9x slower
-than ``F.linear``.
+docs/BENCHMARKS.md):
+- float32, on the AMD EPYC (AVX2), where MKL's ``F.linear`` over a few rows costs 2-3x one row
+  (it repacks the weight on every call): a pass of one row (a decode step, a prefill's lm_head)
+  runs ``x @ wt`` on a pre-transposed contiguous ``[in, out]`` copy (GEMV, about 1.4x (layers)
+  to 2x (lm_head) faster than ``F.linear``); a pass of several rows runs oneDNN's linear on a
+  copy of the weight reordered once, at load, into oneDNN's blocked layout (``packed``): the
+  linears of 8 rows cost about 1.2x one row's instead of 2.5x.
+- bfloat16 runs every pass, one row or many, on the ``packed`` copy: on the 2-core AMX Xeon
+  (2026-12-02) the linears of a SmolLM2-135M pass took 12.7 / 12.7 / 16.4 / 25.8 ms at 1 / 4 /
+  32 / 100 rows against ``F.linear``'s 19.1 / 19.6 / 23.0 / 39.7 (which reorders the weight on
+  every call), with bitwise the same outputs: in pieces of up to 32 rows each row's are its
+  outputs alone, and a 64- to 200-token prompt chunk's logits were equal. ``x @ wt`` was 6-9x
+  slower than ``F.linear`` in bfloat16, so it keeps no ``[in, out]`` copy.
+``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here, ``can_pack``). The
+``[out, in]`` weight itself stays for everything else (float64, GPUs, and the HF model, which
+shares its storage).
 
 RoPE follows transformers' definition exactly, float32 arithmetic included (its cos/sin are
 computed in float32 whatever the model dtype, then cast): ``inv_freq_i = 1 / theta^(2i/d)``,
@@ -30,27 +34,33 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 FAMILY = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 SINGLE_ROW_COPY = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
-MULTI_ROW_PACK = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
+PACK = {torch.float32: True, torch.bfloat16: True, torch.float64: False}
 
 
 def can_pack(w: torch.Tensor) -> bool:
-    """Whether oneDNN can hold ``w`` packed for multi-row passes here (a CPU float32 weight)."""
-    return (w.device.type == "cpu" and w.dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether oneDNN can hold ``w`` packed here (a CPU float32 weight, or a bfloat16 one where
+    oneDNN runs bfloat16)."""
+    if w.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    if w.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return w.dtype == torch.float32
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
+def packed_weight(w: torch.Tensor) -> torch.Tensor:
     """``w`` [out, in] reordered into oneDNN's layout, for ``packed_linear``."""
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] -> [..., out] through oneDNN's linear on a ``pack``ed weight."""
+    """x [..., in] -> [..., out] through oneDNN's linear on a ``packed_weight``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -136,6 +146,12 @@ def rope_table(config, head_dim: int, max_len: int, dtype: torch.dtype):
     return emb.cos().to(dtype), emb.sin().to(dtype)  # attention_scaling is 1 for these types
 
 
+def signed(sin: torch.Tensor) -> torch.Tensor:
+    """The sin table with its first half negated, for ``specdec.runtime.model.rope``."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
 @dataclass(frozen=True)
 class Proj:
     """One (fused) linear projection."""
@@ -143,27 +159,35 @@ class Proj:
     w: torch.Tensor  # [out, in], for F.linear
     wt: torch.Tensor | None  # [in, out] contiguous copy for single-row passes (float32), or None
     bias: torch.Tensor | None  # [out] (Qwen2's q/k/v)
-    packed: torch.Tensor | None = None  # oneDNN-packed w for multi-row passes (float32 CPU)
+    # oneDNN-packed w: float32's multi-row passes, bfloat16's every pass (CPU; module docstring)
+    packed: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., out]: oneDNN's linear on the packed copy when there is one, else
+        ``F.linear`` (one call, whatever the number of rows)."""
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
+        return F.linear(x, self.w, self.bias)
 
     @classmethod
     def of(cls, w: torch.Tensor, bias: torch.Tensor | None, layout: Layout) -> Proj:
         return cls(w, w.t().contiguous() if layout.single_row_copy else None, bias,
-                   pack(w) if layout.multi_row_pack and can_pack(w) else None)
+                   packed_weight(w) if layout.pack and can_pack(w) else None)
 
 
 @dataclass(frozen=True)
 class Layout:
     """Which extra copies of each weight the forward keeps (see the module docstring); None:
-    as measured fastest for the dtype (``SINGLE_ROW_COPY``, ``MULTI_ROW_PACK``)."""
+    as measured fastest for the dtype (``SINGLE_ROW_COPY``, ``PACK``)."""
 
-    single_row_copy: bool
-    multi_row_pack: bool
+    single_row_copy: bool  # the [in, out] copy for single-row passes
+    pack: bool  # the oneDNN-packed copy (where ``can_pack``)
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype, single_row_copy: bool | None = None,
-                  multi_row_pack: bool | None = None) -> Layout:
+                  pack: bool | None = None) -> Layout:
         return cls(SINGLE_ROW_COPY.get(dtype, False) if single_row_copy is None else single_row_copy,
-                   MULTI_ROW_PACK.get(dtype, False) if multi_row_pack is None else multi_row_pack)
+                   PACK.get(dtype, False) if pack is None else pack)
 
 
 @dataclass(frozen=True)
@@ -186,11 +210,11 @@ class Weights:
     norm: torch.Tensor  # [H]
     lm_head: Proj  # H -> V (w is the embedding itself when tied)
     cos: torch.Tensor  # [max_len, d]
-    sin: torch.Tensor  # [max_len, d]
+    sin_signed: torch.Tensor  # [max_len, d]: sin, its first half negated (``signed``)
 
     @classmethod
     def from_hf(cls, model, single_row_copy: bool | None = None,
-                multi_row_pack: bool | None = None) -> Weights:
+                pack: bool | None = None) -> Weights:
         """The two flags pick the extra weight copies (``Layout``); None: as measured fastest."""
         config = model.config
         reason = unsupported(config)
@@ -198,7 +222,7 @@ class Weights:
             raise ValueError(f"the runtime cannot run this model: {reason}")
         shape = Shape.from_config(config)
         dtype = next(model.parameters()).dtype
-        layout = Layout.for_dtype(dtype, single_row_copy, multi_row_pack)
+        layout = Layout.for_dtype(dtype, single_row_copy, pack)
         layers = tuple(hf_layer(block, layout) for block in model.model.layers)
         cos, sin = rope_table(config, shape.head_dim, shape.max_len, dtype)
         device = model.model.embed_tokens.weight.device
@@ -206,7 +230,7 @@ class Weights:
         return cls(shape, model.model.embed_tokens.weight.detach(), layers,
                    model.model.norm.weight.detach(),
                    Proj.of(head, None, layout),
-                   cos.to(device), sin.to(device))
+                   cos.to(device), signed(sin).to(device))
 
 
 def fuse(linears, layout: Layout) -> Proj:

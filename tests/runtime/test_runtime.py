@@ -119,9 +119,9 @@ def test_ragged_batch_equals_each_request_alone(hf):
 
 
 def test_mixed_batch_equals_each_request_alone(hf):
-    """Decodes, 3-token verifies and a tree on scattered slots (one padded group, gathered)
-    with a long prompt (alone, read as a view) in one pass: each row as alone; then decodes on
-    consecutive slots (one group, read as a view)."""
+    """Decodes, 3-token verifies and a tree on scattered slots (a padded group per run of
+    consecutive slots) with a long prompt (alone) in one pass: each row as alone; then decodes
+    on consecutive slots (one group). Every group reads its caches as a view."""
     from specdec.runtime.model import SHORT, plan_groups
 
     fwd, pool = make(hf, slots=6)
@@ -138,7 +138,7 @@ def test_mixed_batch_equals_each_request_alone(hf):
                 ancestors=tree if s == 5 else None) for s in (4, 0, 3, 2, 5, 1)]
     groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu")
     assert [([rows[b].slot for b in g.rows], g.T, g.span) for g in groups] == [
-        ([0, 1, 2, 4, 5], 3, None), ([3], SHORT + 8, (3, 4))]
+        ([0, 1, 2], 3, (0, 3)), ([4, 5], 3, (4, 6)), ([3], SHORT + 8, (3, 4))]
     for row, out in zip(rows, fwd(rows), strict=True):
         s, n = row.slot, len(news[row.slot])
         seen = tree if s == 5 else torch.ones(n, n, dtype=torch.bool).tril()
@@ -154,6 +154,32 @@ def test_mixed_batch_equals_each_request_alone(hf):
     for row, out in zip(rows, fwd(rows), strict=True):
         logits, _ = reference(hf, prompts[row.slot] + news[row.slot] + [7])
         torch.testing.assert_close(out.logits[0], logits[-1], **TOL)
+
+
+def test_short_rows_split_where_padding_costs_more_than_another_group():
+    """``split_short``: runs of consecutive slots only; one long draft among decodes attends
+    apart (padding seven decodes to its 16 queries costs more than a second SDPA call), rows
+    alike stay together; the linears still cut the short rows as one run (``Forward.parts``)."""
+    from specdec.runtime.model import Group, attention_cost, split_short
+
+    def rows(ns, slots=None):
+        return [Row(s, list(range(n)), [0]) for s, n in zip(slots or range(len(ns)), ns, strict=True)]
+
+    alike = rows([2, 3, 2, 1, 3, 2, 2, 3])
+    assert split_short(alike, [200] * 8, 64, 2048) == [list(range(8))]
+    one_long = rows([2, 1, 16, 2, 1, 2, 1, 2])
+    runs = split_short(one_long, [200] * 8, 64, 2048)
+    assert [2] in runs and sum(runs, []) == list(range(8))
+    assert (sum(attention_cost(len(r), max(len(one_long[i].ids) for i in r), 256) for r in runs)
+            < attention_cost(8, 16, 256))
+    assert split_short(rows([1, 1, 1], [0, 1, 5]), [10, 10, 10], None, None) == [[0, 1], [2]]
+    fwd = Forward.__new__(Forward)
+    fwd.rows = 32
+
+    def group(size, whole=False):
+        return Group([0], 0, size, 1, 1, None, (0, 1), None, whole)
+
+    assert fwd.parts([group(20), group(20), group(100, whole=True), group(3)]) == [32, 8, 100, 3]
 
 
 def test_tree_masked_append_equals_each_branch_run_linearly(hf):
@@ -250,7 +276,7 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
     s = Weights.from_hf(model).shape
     passes = {}
     for packed in (True, False):
-        w = Weights.from_hf(model, multi_row_pack=packed)
+        w = Weights.from_hf(model, pack=packed)
         assert (w.layers[0].gate_up.packed is not None) == packed and (w.lm_head.packed is not None) == packed
         fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
         a, b = fwd.pool.acquire(), fwd.pool.acquire()
@@ -266,6 +292,32 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
         torch.testing.assert_close(fast.logits, plain.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fast.taps, plain.taps, rtol=1e-5, atol=1e-5)
         assert torch.equal(fast.logits.argmax(-1), plain.logits.argmax(-1))
+
+
+def test_bfloat16_runs_on_packed_weights_as_on_the_plain_ones(hf):
+    """bfloat16 keeps only the oneDNN-packed copy (where oneDNN runs bfloat16 here) and runs
+    every pass on it, one row or many: a prefill, a ragged verify and a decode give what the
+    plain ``[out, in]`` layout gives (bitwise on the AMX Xeon; close wherever the kernels
+    round otherwise). Its batch invariance is the test below's, on the default layout."""
+    from specdec.runtime.weights import can_pack
+
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.bfloat16).eval()
+    model.load_state_dict({k: v.bfloat16() for k, v in hf.state_dict().items()})
+    if not can_pack(model.model.embed_tokens.weight):
+        pytest.skip("oneDNN does not run bfloat16 here")
+    s = Weights.from_hf(model).shape
+    passes = {}
+    for packed in (True, False):
+        w = Weights.from_hf(model, pack=packed)
+        assert (w.layers[0].qkv.packed is not None) == packed and w.lm_head.wt is None
+        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16))
+        a, b = fwd.pool.acquire(), fwd.pool.acquire()
+        out = fwd([Row(a, seq(40, 1), logits_at=[39], chunk=True)])
+        out += fwd([Row(b, seq(5, 2), logits_at=range(5))])
+        out += fwd([Row(a, seq(3, 3), logits_at=range(3)), Row(b, seq(1, 4), logits_at=[0])])
+        passes[packed] = out
+    for fast, plain in zip(passes[True], passes[False], strict=True):
+        torch.testing.assert_close(fast.logits, plain.logits, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize("attention", sorted(ATTENTIONS))
