@@ -264,15 +264,22 @@ def test_float32_single_row_copies_equal_the_reference(hf):
     torch.testing.assert_close(decode.taps, taps[11:], rtol=1e-4, atol=1e-4)
 
 
+def packable(hf, dtype: torch.dtype, why: str):
+    """The reference model in ``dtype``; the test is skipped (``why``) where oneDNN cannot pack
+    its weights."""
+    from specdec.runtime.weights import can_pack
+
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=dtype).eval()
+    model.load_state_dict({k: v.to(dtype) for k, v in hf.state_dict().items()})
+    if not can_pack(model.model.embed_tokens.weight):
+        pytest.skip(why)
+    return model
+
+
 def test_float32_packed_multi_row_passes_equal_the_reference(hf):
     """The float32 multi-row fast path (oneDNN linear on weights packed at load) against HF and
     against the plain [out, in] layout: a prefill, a ragged two-request verify, a 7-row append."""
-    from specdec.runtime.weights import can_pack
-
-    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
-    model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
-    if not can_pack(model.model.embed_tokens.weight):
-        pytest.skip("this PyTorch build has no oneDNN")
+    model = packable(hf, torch.float32, "this PyTorch build has no oneDNN")
     s = Weights.from_hf(model).shape
     passes = {}
     for packed in (True, False):
@@ -299,12 +306,7 @@ def test_bfloat16_runs_on_packed_weights_as_on_the_plain_ones(hf):
     every pass on it, one row or many: a prefill, a ragged verify and a decode give what the
     plain ``[out, in]`` layout gives (bitwise on the AMX Xeon; close wherever the kernels
     round otherwise). Its batch invariance is the test below's, on the default layout."""
-    from specdec.runtime.weights import can_pack
-
-    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.bfloat16).eval()
-    model.load_state_dict({k: v.bfloat16() for k, v in hf.state_dict().items()})
-    if not can_pack(model.model.embed_tokens.weight):
-        pytest.skip("oneDNN does not run bfloat16 here")
+    model = packable(hf, torch.bfloat16, "oneDNN does not run bfloat16 here")
     s = Weights.from_hf(model).shape
     passes = {}
     for packed in (True, False):
