@@ -251,16 +251,23 @@ def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dty
         return same([draw(700)], [40])
 
 
+def padded_keys(C: int, key_block: int | None, max_len: int | None) -> int:
+    """The keys a group of context ``C`` reads: C rounded up to whole ``key_block``s (at most
+    ``max_len``); C itself without a key block."""
+    if not key_block:
+        return C
+    C = -(-C // key_block) * key_block
+    return C if max_len is None else min(C, max_len)
+
+
 def positions_and_mask(rows: Sequence[Row], lengths: Sequence[int], device,
                        key_block: int | None = None, max_len: int | None = None):
     """pos: [B, T] absolute positions (depth in a tree); mask: [B, 1, T, C] keys each query sees,
     T and C the group's longest new length and context (padded queries see key 0 only); with a
     ``key_block``, C is rounded up to whole blocks (at most ``max_len``)."""
     T = max(len(r.ids) for r in rows)
-    C = max(c + len(r.ids) for r, c in zip(rows, lengths, strict=True))
-    if key_block:
-        C = -(-C // key_block) * key_block
-        C = C if max_len is None else min(C, max_len)
+    C = padded_keys(max(c + len(r.ids) for r, c in zip(rows, lengths, strict=True)), key_block,
+                    max_len)
     pos = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T, C, dtype=torch.bool)
     mask[:, :, 0] = True  # so no softmax row is empty
@@ -313,12 +320,6 @@ def split_short(rows: Sequence[Row], lengths: Sequence[int], key_block: int | No
     consecutive slots (it reads its caches as a view, never a copy): padded to its own longest
     row and context, so one long draft or long context does not pad every row of the step, at
     the price of another SDPA call per group -- the cut of least ``attention_cost``."""
-    def padded(n: int) -> int:
-        if not key_block:
-            return n
-        n = -(-n // key_block) * key_block
-        return n if max_len is None else min(n, max_len)
-
     n = len(rows)
     best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
     for j in range(1, n + 1):
@@ -328,7 +329,7 @@ def split_short(rows: Sequence[Row], lengths: Sequence[int], key_block: int | No
                 break
             T = max(T, len(rows[i].ids))
             C = max(C, lengths[i] + len(rows[i].ids))
-            cost = best[i] + attention_cost(j - i, T, padded(C))
+            cost = best[i] + attention_cost(j - i, T, padded_keys(C, key_block, max_len))
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     runs, j = [], n
@@ -429,21 +430,19 @@ class Forward:
         comes whole). None when not batch invariant."""
         if self.rows is None:
             return None
-        out, run = [], 0
-
-        def flush():
-            whole, rest = divmod(run, self.rows)
-            out.extend([self.rows] * whole + ([rest] if rest else []))
-
+        out, run = [], 0  # run: rows of the groups since the last prompt chunk
         for g in groups:
             if g.whole:  # a long prompt chunk
-                flush()
+                out += self._pieces(run) + [g.size]
                 run = 0
-                out.append(g.size)
             else:
                 run += g.size
-        flush()
-        return out
+        return out + self._pieces(run)
+
+    def _pieces(self, rows: int) -> list[int]:
+        """``rows`` consecutive rows cut into pieces of at most ``self.rows``."""
+        whole, rest = divmod(rows, self.rows)
+        return [self.rows] * whole + ([rest] if rest else [])
 
     @torch.inference_mode()
     def __call__(self, rows: Sequence[Row]) -> list[RowOutput]:

@@ -19,9 +19,9 @@ docs/BENCHMARKS.md):
   every call), with bitwise the same outputs: in pieces of up to 32 rows each row's are its
   outputs alone, and a 64- to 200-token prompt chunk's logits were equal. ``x @ wt`` was 6-9x
   slower than ``F.linear`` in bfloat16, so it keeps no ``[in, out]`` copy.
-``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here, ``can_pack``). The
-``[out, in]`` weight itself stays for everything else (float64, GPUs, and the HF model, which
-shares its storage).
+``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here,
+``can_pack``). The ``[out, in]`` weight itself stays for everything else (float64, GPUs, and
+the HF model, which shares its storage).
 
 RoPE follows transformers' definition exactly, float32 arithmetic included (its cos/sin are
 computed in float32 whatever the model dtype, then cast): ``inv_freq_i = 1 / theta^(2i/d)``,
