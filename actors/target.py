@@ -17,8 +17,8 @@ in one step, with no drafter actor between two target steps. The drafting is the
 
 A request that needs no drafter actor (this actor drafts, or it decodes plainly) may also run
 here whole (``rounds``): its round program runs on this actor, each round submitted the moment
-the last one ends, and the answers stream to the caller, which replays them through its own
-program. A round then never waits for a trip to the caller and back, and a step never waits
+the last one ends, and the answers stream to the caller (a message a round, or all in one at the
+end), which replays them through its own program. A round then never waits for a trip to the caller and back, and a step never waits
 for requests that are away on that trip.
 
 It knows nothing about Ray, HTTP or tokenisation; ``cluster/`` applies ``ray.remote``.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -59,6 +59,7 @@ class Opened:
     target_s: float
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
     step: StepInfo | None = None
+    at_s: float | None = None  # ``rounds`` only: when it was ready, from the start of the call
 
     def answer(self, drafter_s: float = 0.0) -> rounds.Opened:
         """The round program's answer to its ``Open``."""
@@ -72,6 +73,7 @@ class Verified:
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
     step: StepInfo | None = None
     draft: Draft | None = None  # the draft it verified
+    at_s: float | None = None  # ``rounds`` only: when it was ready, from the start of the call
 
     def answer(self) -> rounds.Verified:
         """The round program's answer to its ``Verify``."""
@@ -116,18 +118,37 @@ class TargetActor(RequestHost):
         ``limit`` tokens and verify them, in one step."""
         return self._rounding(rid, limit, commit)()
 
-    def rounds(self, rid: str, prompt_ids: list[int], params: GenerationParams
-               ) -> Iterator[Opened | Verified]:
+    def rounds(self, rid: str, prompt_ids: list[int], params: GenerationParams,
+               every: int = 1) -> Iterator[list[Opened | Verified]]:
         """The request's whole life on this actor, for a request that needs no drafter actor
         (this actor drafts, or it decodes plainly): the request's ``RoundProgram`` runs here,
         each round submitted the moment the last one is answered, with no trip to the caller
-        between two. Yields the answers in order, the ``Opened``, then each round's ``Verified``
-        with the draft it verified; each goes out once the next round is submitted, so its trip
-        overlaps that round. The caller replays them through its own program of the request:
-        the same program, so the same rounds, and only the caller's can end at a stop string
-        (it holds the tokeniser), so it closes the request when its program finishes. Here the
-        loop ends when this program finishes (its state is freed at once: no step waits for
-        it) or once the request is closed; closed by the caller, it ends quietly."""
+        between two. Yields the answers in order, ``every`` to a message (0: all in one, at the
+        end), the ``Opened``, then each round's ``Verified`` with the draft it verified; each
+        message goes out once the next round is submitted, so its trip overlaps that round.
+        Each answer carries ``at_s``, when it was ready here, from the start of this call.
+
+        The caller replays them through its own program of the request: the same program, so
+        the same rounds, and only the caller's can end at a stop string (it holds the
+        tokeniser), so it closes the request when its program finishes first. Here the loop
+        ends when this program finishes (its state is freed at once: no step waits for it) or
+        once the request is closed; closed by the caller, it ends quietly. A caller that reads
+        tokens only at the end (no streaming, no stop strings) takes ``every=0``: one message a
+        request instead of one a round, for the actor and the caller alike."""
+        if every < 0:
+            raise ValueError(f"every must be >= 0 (0: all answers at the end), got {every}")
+        batch = []
+        for answer in self._answers(rid, prompt_ids, params, time.perf_counter()):
+            batch.append(answer)
+            if len(batch) == every:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def _answers(self, rid: str, prompt_ids: list[int], params: GenerationParams, t0: float
+                 ) -> Iterator[Opened | Verified]:
+        """``rounds``' answers one by one, each yielded once the next round is submitted."""
         program = rounds.RoundProgram(prompt_ids, params)
         steps = program.steps(self.worker.target_model.eos_token_ids)
         drafts = self.scheduler.drafter is not None
@@ -137,15 +158,16 @@ class TargetActor(RequestHost):
                 answer = None
                 match step:
                     case rounds.Open():
-                        last = yield from sent_then(last, self._opening(rid, prompt_ids, params))
+                        last = yield from sent_then(last, self._opening(rid, prompt_ids, params),
+                                                    t0)
                         answer = last.answer()
                     case rounds.Propose(limit) if drafts:
-                        last = yield from sent_then(last, self._rounding(rid, limit, commit))
+                        last = yield from sent_then(last, self._rounding(rid, limit, commit), t0)
                         answer, commit = last.draft, None
                     case rounds.Propose():
                         answer = Draft([], None)  # plain decoding
                     case rounds.Verify(draft) if not drafts:
-                        last = yield from sent_then(last, self._verifying(rid, draft))
+                        last = yield from sent_then(last, self._verifying(rid, draft), t0)
                         answer = last.answer()
                     case rounds.Verify():
                         answer = last.answer()  # the round verified what it drafted
@@ -190,12 +212,13 @@ def verified(done, draft: Draft, result: RoundResult) -> Verified:
     return Verified(result, done.room, done.draft_cap, done.info, draft)
 
 
-def sent_then(last, answer: Callable):
+def sent_then(last, answer: Callable, t0: float):
     """Within ``TargetActor.rounds``: yield the previous answer (if any) now that the next work
-    is submitted, then wait for that work's ``answer``."""
+    is submitted, then wait for that work's ``answer``, stamped with when it came (``at_s``,
+    from ``t0``)."""
     if last is not None:
         yield last
-    return answer()
+    return replace(answer(), at_s=time.perf_counter() - t0)
 
 
 def drafter_builder(spec: dict | None, dtype: str):

@@ -9,9 +9,12 @@ answers its steps from the actors. Two ways, by whether a drafter actor serves:
   round submitted there the moment the last one ends, and streams its answers (the prefill's,
   then each round's draft and verification); this loop replays them through its own program.
   Both programs are the same code on the same answers, so they ask for the same rounds; only
-  this one checks stop strings (the tokeniser is here), and when it finishes, the close ends
-  the target's loop too. One actor call a request: a round never waits for a trip to the
-  replica and back, and a target step never waits for requests that are away on that trip.
+  this one checks stop strings (the tokeniser is here), and when it finishes first, the close
+  ends the target's loop too. One actor call a request: a round never waits for a trip to the
+  replica and back, and a target step never waits for requests that are away on that trip. A
+  request read only at its end (not streamed, no stop strings) gets all its answers in one
+  message, so the replica handles one message a request, not one a round; the time of its
+  first token comes from the answers' own times.
 - *Called* (a drafter actor): per round, draft on the drafter actor, which first commits the
   previous round's result (the program's ``Commit`` is held back and sent with the next draft
   call), then verify on the target actor: two actor calls.
@@ -36,7 +39,7 @@ import asyncio
 import contextvars
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from actors.leases import LostState
 from specdec.engine import rounds
@@ -77,17 +80,27 @@ class Orchestrator:
         self.seen_steps: deque[int] = deque(maxlen=256)  # recent target steps already observed
         self.live: set[str] = set()  # requests whose loop is running
 
-    async def run(self, rid: str, program: rounds.RoundProgram) -> AsyncIterator[list[int]]:
+    async def run(self, rid: str, program: rounds.RoundProgram, incremental: bool = True,
+                  first_token: Callable[[float], None] | None = None
+                  ) -> AsyncIterator[list[int]]:
         """Drive ``program`` over the actors; yield each round's newly committed tokens. State
         is freed in both actors however the loop ends (finish, error, or the caller cancelling
-        it mid-round)."""
+        it mid-round). ``incremental``: the caller reads the tokens as they come (a streamed
+        response; stop strings, which only this loop's program checks); False: only the whole
+        answer counts, so a request the target runs whole comes back in one message at the end
+        (``TargetActor.rounds``' ``every=0``). ``first_token(at)``: called once, with the time
+        (``time.perf_counter``) the first tokens were committed, sent or not."""
         t0 = time.perf_counter()
         self.live.add(rid)
         steps = program.steps(self.eos)
-        stream = None if self.drafter_actor is not None else Streamed(self.target_actor, rid)
+        stream = None
+        if self.drafter_actor is None:
+            stream = Streamed(self.target_actor, rid, every=1 if incremental else 0)
+        finished = False
         try:
             step, answer, commit, t1 = next(steps), None, None, t0
             verified = None  # the streamed round whose draft answered the last Propose
+            ready = None  # when the streamed round of the next Emit was answered, on our clock
             while not isinstance(step, rounds.Finish):
                 match step:
                     case rounds.Open() if stream is not None:
@@ -99,6 +112,7 @@ class Orchestrator:
                     case rounds.Propose(limit) if stream is not None:
                         t1 = time.perf_counter()
                         verified = await stream.next()
+                        ready = stream.ready_at(verified)
                         if len(verified.draft.tokens) > limit:  # the two programs differ
                             raise RuntimeError(f"request {rid}: the target drafted "
                                                f"{len(verified.draft.tokens)} tokens, past "
@@ -118,10 +132,17 @@ class Orchestrator:
                     case rounds.Emit(tokens):
                         program.stats.total_s = time.perf_counter() - t0
                         answer = None
+                        if first_token is not None and tokens:
+                            first_token(time.perf_counter() if ready is None else ready)
+                            first_token = None
                         yield tokens
                 step = steps.send(answer)
+            finished = True
         finally:
-            self.close(rid)
+            # A request the target ran whole to the same end frees itself there; any other
+            # end (a stop string, an error, a caller that left) needs the close.
+            if not (finished and stream is not None and program.stops is None):
+                self.close(rid)
             self.live.discard(rid)
             program.stats.total_s = time.perf_counter() - t0
             if self.observer is not None:
@@ -182,21 +203,31 @@ class Orchestrator:
 class Streamed:
     """The answers of one request the target actor runs whole (``TargetActor.rounds``), in the
     order its program asks for them: ``start`` the ``Opened``, then ``next`` each round's
-    ``Verified`` (its ``draft`` the round's draft)."""
+    ``Verified`` (its ``draft`` the round's draft), ``every`` to a message (0: all at the end)."""
 
-    def __init__(self, target_actor, rid: str):
-        self.target_actor, self.rid = target_actor, rid
-        self.answers = None  # Ray's ObjectRefGenerator of the actor's ``rounds``
+    def __init__(self, target_actor, rid: str, every: int = 1):
+        self.target_actor, self.rid, self.every = target_actor, rid, every
+        self.messages = None  # Ray's ObjectRefGenerator of the actor's ``rounds``
+        self.answers: deque = deque()  # those of the last message not yet asked for
+        self.t0 = 0.0  # when the call went out, on this loop's clock
 
     async def start(self, prompt_ids: list[int], params):
-        self.answers = self.target_actor.rounds.options(num_returns="streaming").remote(
-            self.rid, prompt_ids, params)
+        self.t0 = time.perf_counter()
+        self.messages = self.target_actor.rounds.options(num_returns="streaming").remote(
+            self.rid, prompt_ids, params, self.every)
         return await self.next()
 
     async def next(self):
-        try:
-            ref = await self.answers.__anext__()
-        except StopAsyncIteration:  # its loop ended before this program finished
-            raise LostState(f"request {self.rid}: the target actor closed it (idle past the "
-                            "TTL, or its state was freed); retry the request") from None
-        return await ref
+        if not self.answers:
+            try:
+                ref = await self.messages.__anext__()
+            except StopAsyncIteration:  # its loop ended before this program finished
+                raise LostState(f"request {self.rid}: the target actor closed it (idle past "
+                                "the TTL, or its state was freed); retry the request") from None
+            self.answers.extend(await ref)
+        return self.answers.popleft()
+
+    def ready_at(self, answer) -> float:
+        """When ``answer`` was ready on the actor, on this loop's clock (the call's start plus
+        the actor's time since it began the call: a clock of one machine either way)."""
+        return self.t0 + answer.at_s

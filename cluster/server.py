@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import replace
+from functools import partial
 
 import anyio
 import ray
@@ -238,13 +239,16 @@ class Server:
         gens = [self._choice_rounds(job, i) for i in range(len(job.runs))]
         async with aclosing(gens[0] if len(gens) == 1 else merged(gens)) as rounds:
             async for item in rounds:
-                if item[1]:
-                    job.first_token(self.prometheus)
                 yield item
 
     async def _choice_rounds(self, job: Job, i: int):
         run = job.runs[i]
-        async with aclosing(self.orchestrator.run(job.rids[i], run)) as rounds:
+        # Tokens read as they come: a streamed response, or stop strings (only the replica's
+        # program checks them); else the target may send a request's answers at its end.
+        incremental = job.req.stream or run.stops is not None
+        async with aclosing(self.orchestrator.run(job.rids[i], run, incremental,
+                                                  partial(job.first_token, self.prometheus))
+                            ) as rounds:
             async for new in rounds:
                 # read now: with n > 1 the next round may settle before this item is consumed
                 yield i, new, (run.logprobs[-1] if run.params.logprobs is not None else None)
@@ -459,10 +463,11 @@ class Job:
         self.started = False  # whether the first token came
         self.finished = False
 
-    def first_token(self, metrics) -> None:
+    def first_token(self, metrics, at: float) -> None:
+        """The first tokens of a choice were committed at ``at`` (``time.perf_counter``)."""
         if not self.started:
             self.started = True
-            metrics.first_token(time.perf_counter() - self.t0)
+            metrics.first_token(at - self.t0)
 
 
 async def merged(gens: list) -> AsyncIterator:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.algorithms.verdict import Verdict, VerifyInputs, check_round, commit
+from specdec.algorithms.verdict import Verdict, VerifyInputs, check_round, commit, greedy_tokens
 from specdec.knobs import Knobs, knob
 
 __all__ = ["AsdConfig", "AsdLedger", "AsdVerifier", "asd_accept", "asd_accept_reference"]
@@ -156,7 +156,7 @@ def asd_accept(
     _check_params(budget, gate, max_exceptions)
     _check_spent(spent)
     check_round(logits, draft)
-    greedy = logits.argmax(dim=-1)  # [K+1]
+    greedy = greedy_tokens(logits)  # [K+1]
     return _accept(
         logits,
         draft,
@@ -204,7 +204,7 @@ class AsdVerifier(AsdConfig):
         logits, draft, spent = inputs.logits, inputs.draft, state.spent
         _check_spent(spent)
         check_round(logits, draft)
-        greedy = logits.argmax(dim=-1)  # [K+1] y*_0 .. y*_K
+        greedy = greedy_tokens(logits)  # [K+1] y*_0 .. y*_K
         accepted, regret, exceptions = _accept(
             logits,
             draft,

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.algorithms.verdict import greedy_tokens
+
 
 @dataclass(frozen=True)
 class Warp:
@@ -126,7 +128,7 @@ def choose(logits: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, torc
     Results are on the CPU, where the caller's generator lives."""
     logits = logits.cpu()
     if sampling.greedy:
-        return logits.argmax(dim=-1), None
+        return greedy_tokens(logits), None
     probs = warp(logits, sampling.warp)
     tokens = torch.multinomial(probs, 1, generator=sampling.generator).squeeze(-1)
     return tokens, probs

@@ -1,8 +1,8 @@
 """What every verifier shares: its inputs, its ``Verdict``, the ``Verifier`` protocol, the checks.
 
 What this module is: the boundary types of one verification (``VerifyInputs`` in, ``Verdict``
-out), the ``Verifier`` protocol every rule implements, and the shape check and commit helper
-they all use. It sits below ``verify.py`` (strict greedy and the catalog), ``asd.py`` and
+out), the ``Verifier`` protocol every rule implements, and the shape check, greedy choice and
+commit helper they all use. It sits below ``verify.py`` (strict greedy and the catalog), ``asd.py`` and
 ``rejection.py``, which import it and not each other. What it is not: no rule, no catalog.
 
 Terms, used by every verifier:
@@ -86,6 +86,13 @@ def check_round(logits: torch.Tensor, draft: torch.Tensor) -> int:
     if k > 0 and not (0 <= int(draft.min()) and int(draft.max()) < vocab):
         raise ValueError(f"draft token ids must lie in [0, {vocab})")
     return k
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """y* of each row of ``logits`` [..., V]: the first maximum on ties, as ``argmax`` gives.
+    Through ``max``, whose CPU kernel is the faster: over 24 rows of SmolLM2's 49152 logits it
+    took 0.40 ms in bfloat16 and 0.28 in float32, against argmax's 1.86 and 0.74 (2 cores)."""
+    return logits.max(dim=-1).indices
 
 
 def commit(draft: torch.Tensor, accepted: int, last: int) -> list[int]:

@@ -16,7 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specdec.algorithms.verdict import Verdict, Verifier, VerifyInputs, check_round, commit
+from specdec.algorithms.verdict import (
+    Verdict,
+    Verifier,
+    VerifyInputs,
+    check_round,
+    commit,
+    greedy_tokens,
+)
 from specdec.catalog import Catalog, Entry
 
 __all__ = [
@@ -36,7 +43,7 @@ __all__ = [
 class StrictVerifier:
     """Greedy verification: the output equals plain greedy decoding of the target, token for token.
 
-    y*_i = argmax z_i (torch.argmax returns the first maximum on ties); accept the longest prefix
+    y*_i = argmax z_i (the first maximum on ties, ``greedy_tokens``); accept the longest prefix
     with x_i == y*_i, then commit the bonus y*_accepted.
     """
 
@@ -48,7 +55,7 @@ class StrictVerifier:
     def verify(self, state: None, inputs: VerifyInputs) -> Verdict:
         logits, draft = inputs.logits, inputs.draft
         k = check_round(logits, draft)
-        greedy = logits.argmax(dim=-1)  # [K+1] y*_0 .. y*_K
+        greedy = greedy_tokens(logits)  # [K+1] y*_0 .. y*_K
         matches = draft == greedy[:k]  # [K] bool
         # accepted = length of the all-True prefix = sum of the running product.
         accepted = int(matches.long().cumprod(dim=0).sum())

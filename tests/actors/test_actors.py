@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from actors.drafter import DrafterActor
@@ -65,11 +67,20 @@ def test_actors_give_engine_tokens(tiny_llama, drafter_name):
     assert target.active() == [] and drafter.active() == []
 
 
-def replay(target_actor: TargetActor, prompt_ids, params, rid: str = "r1"):
+def replay(target_actor: TargetActor, prompt_ids, params, rid: str = "r1", every: int = 1):
     """The orchestrator's replay of a request the target runs whole (``TargetActor.rounds``):
-    its answers, in order, through a program of our own (``rounds.drive``); returns its tokens
-    and the stream, which the program's last round has drained up to the actor's own finish."""
-    program, answers = rounds.RoundProgram(prompt_ids, params), target_actor.rounds(rid, prompt_ids, params)
+    its answers, in order, through a program of our own (``rounds.drive``); returns its tokens,
+    the messages' sizes so far and the stream of answers, which the program's last round has
+    drained up to the actor's own finish."""
+    program = rounds.RoundProgram(prompt_ids, params)
+    sizes = []
+
+    def flat():
+        for message in target_actor.rounds(rid, prompt_ids, params, every):
+            sizes.append(len(message))
+            yield from message
+
+    answers = flat()
     last = None  # the round whose draft answered the last Propose
 
     def answer(step):
@@ -84,23 +95,41 @@ def replay(target_actor: TargetActor, prompt_ids, params, rid: str = "r1"):
 
     for _ in rounds.drive(program.steps(target_actor.info().eos_token_ids), answer):
         pass
-    return program.token_ids, answers
+    return program.token_ids, sizes, answers
 
 
+@pytest.mark.parametrize("every", [1, 3, 0])
 @pytest.mark.parametrize("drafter", ["ngram", "none"])
-def test_a_request_run_whole_on_the_target_gives_the_engine_tokens(tiny_llama, drafter):
+def test_a_request_run_whole_on_the_target_gives_the_engine_tokens(tiny_llama, drafter, every):
     """Drafting on the target (n-gram) or decoding plainly: the target's own loop streams the
-    answers a replaying program needs, ends with that program's last round, and frees the
-    request itself, with no close."""
+    answers a replaying program needs, ``every`` to a message (0: one message at the end), ends
+    with that program's last round, and frees the request itself, with no close."""
     local = {"drafter": drafter} if drafter != "none" else None
     target = TargetActor(tiny_llama["target"], drafter, "float64", local_drafter=local)
     pair = load_pair(tiny_llama["target"], drafter, dtype="float64")
     ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
     params = GenerationParams(max_new_tokens=30)
-    tokens, answers = replay(target, ids, params)
+    tokens, sizes, answers = replay(target, ids, params, every=every)
     assert tokens == Engine(pair.target, pair.drafter).generate(ids, params).token_ids
     assert next(answers, None) is None  # its loop finished with the same round
     assert target.active() == []
+    total = sum(sizes)  # the Opened and one Verified a round
+    assert total > 3
+    assert sizes == ([total] if every == 0 else
+                     [every] * (total // every) + ([total % every] if total % every else []))
+
+
+def test_the_answers_of_a_request_run_whole_say_when_they_were_ready(tiny_llama):
+    """``at_s``: each answer's time on the actor from the call's start, in order; the caller
+    times the first token by it when all answers come at the end."""
+    target = TargetActor(tiny_llama["target"], "none", "float64")
+    t0 = time.perf_counter()
+    [answers] = list(target.rounds("r", [5, 6, 7, 8], GenerationParams(max_new_tokens=6), 0))
+    wall = time.perf_counter() - t0
+    times = [a.at_s for a in answers]
+    assert len(times) == 7 and times == sorted(times) and 0 < times[0] and times[-1] <= wall
+    with pytest.raises(ValueError, match="every"):
+        next(target.rounds("r2", [5, 6], GenerationParams(), -1))
 
 
 def test_closing_a_request_ends_its_rounds_quietly(tiny_llama):

@@ -7,6 +7,7 @@ import torch
 
 from specdec.algorithms.asd import AsdVerifier
 from specdec.algorithms.rejection import RejectionSampler
+from specdec.algorithms.verdict import greedy_tokens
 from specdec.algorithms.verify import (
     StrictVerifier,
     Verdict,
@@ -59,6 +60,18 @@ def test_argmax_picks_the_first_maximum_on_ties(dtype):
     logits = torch.stack([row, row])  # [2, V]: K = 1
     assert StrictVerifier().verify(None, VerifyInputs(logits, torch.tensor([1]))).tokens == [1, 1]
     assert StrictVerifier().verify(None, VerifyInputs(logits, torch.tensor([3]))) == Verdict(0, [1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_tokens_equal_argmax_with_ties(dtype):
+    """The verifiers' fast greedy choice is argmax's, first maximum included, on wide rows with
+    many ties (a handful of values over 49152 logits), strided views too."""
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 5, 24):
+        tied = torch.randint(0, 4, (rows, 49152), generator=gen).to(dtype)
+        spread = torch.randn(rows, 49152, generator=gen).to(dtype)
+        for logits in (tied, spread, tied[:, ::3], tied.t().contiguous().t()):
+            assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
 
 
 def test_strict_equals_plain_greedy_decoding_on_random_logits():

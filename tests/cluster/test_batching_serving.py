@@ -101,7 +101,7 @@ def test_a_target_that_drafts_serves_the_engine_tokens_and_keeps_no_state(served
     from specdec.engine.loading import load_pair
     from specdec.engine.settings import GenerationParams, SpecSettings
     from specdec.engine.stops import StopStrings
-    from tests.cluster.test_openai_fields import a_stop_in
+    from tests.cluster.test_openai_fields import a_stop_in, scrape
 
     pair = load_pair(f"{tiny_root}/target", "ngram", dtype="float64")
     engine, tok = Engine(pair.target, pair.drafter), pair.target.tokenizer
@@ -114,8 +114,16 @@ def test_a_target_that_drafts_serves_the_engine_tokens_and_keeps_no_state(served
                 alone = engine_tokens(engine, tok(prompt)["input_ids"], 40, **spec)
                 assert out[i] == alone, (spec, prompt)
         body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 40}
+        before = scrape(url)
         stats = requests.post(f"{url}/v1/completions", json=body, timeout=60).json()["spec_decode"]
+        after = scrape(url)
         assert stats["mean_accepted_length"] > 1  # the target's own drafts were accepted
+        # Not streamed, no stop strings: its answers came in one message at the end, and the
+        # time to its first token is still the first round's, not the whole request's.
+        ttft, e2e = (after[key] - before.get(key, 0.0) for key in (
+            ("specdec:time_to_first_token_seconds_sum", (("model_name", "tiny"),)),
+            ("specdec:e2e_request_latency_seconds_sum", (("model_name", "tiny"),))))
+        assert 0 < ttft < 0.6 * e2e
         ids, strict = tok(PROMPTS[1])["input_ids"], GenerationParams(40, spec=SpecSettings(verify="strict"))
         decode = lambda t: tok.decode(t, skip_special_tokens=True)  # noqa: E731
         stop = a_stop_in(decode(engine.generate(ids, strict).token_ids))
