@@ -232,14 +232,12 @@ class Server:
             self._finish(job)
         yield wire.sse("[DONE]")
 
-    async def _rounds(self, job: Job) -> AsyncIterator[tuple[int, list[int] | None, object]]:
+    def _rounds(self, job: Job) -> AsyncIterator[tuple[int, list[int] | None, object]]:
         """(choice index, newly committed tokens, their TokenLogprobs or None) as rounds end,
         then (index, None, None) when that choice is done. n > 1 choices run concurrently, each
         its own request on the actors."""
         gens = [self._choice_rounds(job, i) for i in range(len(job.runs))]
-        async with aclosing(gens[0] if len(gens) == 1 else merged(gens)) as rounds:
-            async for item in rounds:
-                yield item
+        return gens[0] if len(gens) == 1 else merged(gens)
 
     async def _choice_rounds(self, job: Job, i: int):
         run = job.runs[i]

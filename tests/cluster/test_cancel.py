@@ -123,9 +123,10 @@ class StreamedFront:
         return True
 
     async def request(self, rid: str, prompt_ids: list[int], max_new_tokens: int,
-                      leave_after: int | None = None) -> list[int]:
+                      leave_after: int | None = None, incremental: bool = True) -> list[int]:
         """Run the request; ``leave_after`` rounds: stop reading it then, as the server does
-        at a stop string (the loop's ``finally`` closes it)."""
+        at a stop string (the loop's ``finally`` closes it). ``incremental=False``: its answers
+        come in one message at the end, as for a non-streamed request."""
         from contextlib import aclosing
 
         from specdec.engine.rounds import RoundProgram
@@ -133,7 +134,7 @@ class StreamedFront:
 
         program = RoundProgram(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens))
         self.rounds = 0  # of this request
-        async with aclosing(self.orchestrator.run(rid, program)) as rounds:
+        async with aclosing(self.orchestrator.run(rid, program, incremental)) as rounds:
             async for _ in rounds:
                 self.rounds += 1
                 if self.rounds == leave_after:
@@ -187,6 +188,19 @@ def test_a_request_the_target_runs_whole_ends_when_left_or_cancelled(ray_cluster
             ray.get(ref, timeout=60)
         assert holds_nothing(target)
         assert ray.get(control(target.verified).remote("cancelled"), timeout=60) < 100
+        # answered in one message at the end: cancelled while the target runs its rounds
+        assert len(ray.get(front.request.remote("whole", prompt, 8, None, False), timeout=120)) == 8
+        assert holds_nothing(target)  # freed by the target's own loop: no close was sent
+        ref = front.request.remote("cancelled-whole", prompt, 200, None, False)
+        deadline = time.monotonic() + 60
+        while ray.get(control(target.verified).remote("cancelled-whole"), timeout=60) < 10:
+            assert time.monotonic() < deadline, "the request never got going"
+            time.sleep(0.01)
+        ray.cancel(ref)
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref, timeout=60)
+        assert holds_nothing(target)
+        assert ray.get(control(target.verified).remote("cancelled-whole"), timeout=60) < 100
     finally:
         for actor in (front, target):
             ray.kill(actor)
