@@ -10,9 +10,10 @@ lengths, so the linears, norms and MLPs (most of a pass) cost what the real toke
 row is padded to another's length (a prompt in a step of decodes would otherwise make every
 decode row as long as the prompt). Attention runs per *group*: the short rows (decodes and
 verifies) in runs of consecutive KV slots, each padded to its longest new length ``T`` and
-context ``C``, with an explicit boolean mask ``[B, 1, T, C]`` for SDPA (``split_short`` cuts
-the runs where padding would cost more than another call); each long row (a prompt chunk)
-alone. A group reads its slots' caches as a view, never a copy.
+context ``C``, with an explicit mask ``[B, 1, T, C]`` for SDPA (additive when batch invariant,
+``Attention.mask``; ``split_short`` cuts the runs where padding would cost more than another
+call); each long row (a prompt chunk) alone. A group reads its slots' caches as a view, never
+a copy.
 
 Logits come back only for the positions a row asks for (a prefill asks for its last), and the
 tapped layers' outputs (the block drafter's features) for the positions it asks for. Terms:
@@ -196,6 +197,16 @@ class Attention(NamedTuple):
     lay_out: Callable  # (mask [B, 1, T, C], kv_heads, g) -> the mask as ``attend`` reads it
     attend: Callable  # (queries [B, T, h, d], keys, values, laid-out mask, scale) -> [B, T, h, d]
 
+    def mask(self, mask: torch.Tensor, kv_heads: int, per_kv: int,
+             dtype: torch.dtype) -> torch.Tensor:
+        """A group's bool mask [B, 1, T, C] laid out for ``attend``, as the additive mask SDPA
+        makes of a bool one (0 where seen, -inf elsewhere, in the queries' dtype): made once a
+        step, not by SDPA in every layer (bitwise the same output; 10-17% off a grouped SDPA call
+        of 8 rows x 4 tokens on the AMX Xeon, 2026-12-03)."""
+        laid = self.lay_out(mask, kv_heads, per_kv)
+        return torch.zeros(laid.shape, dtype=dtype, device=laid.device).masked_fill_(
+            ~laid, float("-inf"))
+
 
 ATTENTIONS = {"grouped": Attention(grouped_mask, attend_grouped),
               "per_query": Attention(per_query_mask, attend_per_query)}
@@ -209,7 +220,7 @@ def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dty
     verify of 16 drafted), then one row of 40 (past ``SHORT``), at contexts of up to 768 keys and
     key counts padded past them (whole ``KEY_BLOCK``s), each token against itself decoded alone
     (its own context, padded the same way)."""
-    lay_out, attend = ATTENTIONS[kind]
+    attention = ATTENTIONS[kind]
     per_kv = heads // kv_heads
     gen = torch.Generator().manual_seed(seed)
 
@@ -217,7 +228,8 @@ def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dty
         return -(-n // KEY_BLOCK) * KEY_BLOCK
 
     def run(q, k, v, seen):  # seen: [B, T, C] bool
-        return attend(q, k, v, lay_out(seen.unsqueeze(1), kv_heads, per_kv), head_dim ** -0.5)
+        mask = attention.mask(seen.unsqueeze(1), kv_heads, per_kv, q.dtype)
+        return attention.attend(q, k, v, mask, head_dim ** -0.5)
 
     def draw(n):
         return int(torch.randint(1, n + 1, (1,), generator=gen))
@@ -295,7 +307,8 @@ class Group:
     span: tuple[int, int]  # its slots, lo..hi-1 (consecutive): its caches are read as a view
     where: tuple[torch.Tensor, torch.Tensor] | None  # (b, t) of each token; None: no padding
     whole: bool = False  # a long prompt chunk: batch invariance computes it as one piece
-    # batch invariant, not whole: ``mask`` laid out for the forward's attention (ATTENTIONS)
+    # batch invariant, not whole: ``mask`` laid out for the forward's attention, additive
+    # (``Attention.mask``)
     head_mask: torch.Tensor | None = None
     # one row with nothing cached and no ancestor mask, its keys unpadded: SDPA's own causal
     # attention (a prompt's first chunk; it skips the blocks the mask would zero)
@@ -469,8 +482,8 @@ class Forward:
                 for b in g.rows:  # slot's end
                     pool.ensure_clean(rows[b].slot, g.C)
             if invariant:
-                lay_out = self.invariant_attention.lay_out
-                g.head_mask = lay_out(g.mask, s.kv_heads, s.heads // s.kv_heads)
+                g.head_mask = self.invariant_attention.mask(g.mask, s.kv_heads,
+                                                            s.heads // s.kv_heads, self.w.embed.dtype)
         parts = self.parts(groups)
         x = self.w.embed[ids]  # [N, H]
         taps = {}  # layer -> its output [N, H], for the tapped layers only

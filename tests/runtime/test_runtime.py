@@ -437,6 +437,31 @@ def test_the_attention_probe_finds_a_kernel_that_is_not_batch_invariant(monkeypa
     assert attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
 
 
+@pytest.mark.parametrize("kind", sorted(ATTENTIONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_the_additive_mask_attends_bitwise_as_the_boolean_one(kind, dtype):
+    """``Attention.mask`` lays a group's mask out once a step as 0 / -inf; SDPA must give every
+    query bitwise what it gives with the boolean mask it would otherwise convert in each layer:
+    ragged rows, padded queries and keys, at SmolLM2's head shapes (9 heads over 3)."""
+    attention = ATTENTIONS[kind]
+    gen = torch.Generator().manual_seed(0)
+    B, T, C, heads, kv_heads, d = 5, 6, 192, 9, 3, 64
+    q = torch.randn(B, T, heads, d, generator=gen).to(dtype)
+    k, v = (torch.randn(B, kv_heads, C, d, generator=gen).to(dtype) for _ in "kv")
+    seen = torch.zeros(B, 1, T, C, dtype=torch.bool)
+    seen[..., 0] = True
+    for b, (cached, n) in enumerate([(0, 6), (17, 1), (100, 4), (150, 6), (63, 2)]):
+        for t in range(n):
+            seen[b, 0, t, :cached + t + 1] = True
+    boolean = attention.lay_out(seen, kv_heads, heads // kv_heads)
+    additive = attention.mask(seen, kv_heads, heads // kv_heads, dtype)
+    assert additive.dtype == dtype and additive.shape == boolean.shape
+    assert torch.equal(additive == 0, boolean) and bool(additive[~boolean].isneginf().all())
+    with torch.inference_mode():
+        assert torch.equal(attention.attend(q, k, v, additive, d ** -0.5),
+                           attention.attend(q, k, v, boolean, d ** -0.5))
+
+
 def test_batch_invariance_is_the_default_only_in_bfloat16(hf):
     s = Weights.from_hf(hf).shape
     for dtype, on in ((torch.float64, False), (torch.float32, False), (torch.bfloat16, True)):
