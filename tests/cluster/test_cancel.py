@@ -158,6 +158,20 @@ def holds_nothing(target, within_s: float = 60.0) -> bool:
     return True
 
 
+def cancel_when(ref, rounds, at_least: int = 10) -> None:
+    """Cancel the request ``ref`` once ``rounds()`` (a ref to its rounds so far) reaches
+    ``at_least``; it must then end cancelled."""
+    import ray
+
+    deadline = time.monotonic() + 60
+    while ray.get(rounds(), timeout=60) < at_least:
+        assert time.monotonic() < deadline, "the request never got going"
+        time.sleep(0.01)
+    ray.cancel(ref)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(ref, timeout=60)
+
+
 @pytest.mark.timeout(240)
 def test_a_request_the_target_runs_whole_ends_when_left_or_cancelled(ray_cluster, tiny_llama):
     """The target's own round loop (``TargetActor.rounds``) has a round in flight when the
@@ -178,27 +192,15 @@ def test_a_request_the_target_runs_whole_ends_when_left_or_cancelled(ray_cluster
         ray.get(front.request.remote("left", prompt, 200, 4), timeout=120)
         assert holds_nothing(target)
         assert ray.get(control(target.verified).remote("left"), timeout=60) < 100  # it stopped
-        ref = front.request.remote("cancelled", prompt, 200)
-        deadline = time.monotonic() + 60
-        while ray.get(front.seen_rounds.remote(), timeout=60) < 10:  # well into its rounds
-            assert time.monotonic() < deadline, "the request never got going"
-            time.sleep(0.01)
-        ray.cancel(ref)
-        with pytest.raises(ray.exceptions.TaskCancelledError):
-            ray.get(ref, timeout=60)
+        cancel_when(front.request.remote("cancelled", prompt, 200),
+                    front.seen_rounds.remote)  # well into its rounds
         assert holds_nothing(target)
         assert ray.get(control(target.verified).remote("cancelled"), timeout=60) < 100
         # answered in one message at the end: cancelled while the target runs its rounds
         assert len(ray.get(front.request.remote("whole", prompt, 8, None, False), timeout=120)) == 8
         assert holds_nothing(target)  # freed by the target's own loop: no close was sent
-        ref = front.request.remote("cancelled-whole", prompt, 200, None, False)
-        deadline = time.monotonic() + 60
-        while ray.get(control(target.verified).remote("cancelled-whole"), timeout=60) < 10:
-            assert time.monotonic() < deadline, "the request never got going"
-            time.sleep(0.01)
-        ray.cancel(ref)
-        with pytest.raises(ray.exceptions.TaskCancelledError):
-            ray.get(ref, timeout=60)
+        cancel_when(front.request.remote("cancelled-whole", prompt, 200, None, False),
+                    lambda: control(target.verified).remote("cancelled-whole"))
         assert holds_nothing(target)
         assert ray.get(control(target.verified).remote("cancelled-whole"), timeout=60) < 100
     finally:
