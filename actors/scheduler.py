@@ -13,7 +13,8 @@ Requests join and leave between steps. The two schedulers differ in what a step 
   ``token_budget`` tokens of the prompt, whatever else the step holds: a chunk that does not
   fit the budget left waits for the next step. A target that runs the drafter itself (n-gram,
   suffix) takes whole rounds (``round``): each queued round is drafted as the step is planned,
-  so the budget counts its draft's real length.
+  so the budget counts its draft's real length, and its draft is shortened to what the step's
+  goodput buys (``fit_drafts``, ``actors.goodput``).
 - ``DraftScheduler``: start new requests, then commit the previous rounds and draft the next
   ones of all queued requests (``DraftWorker.commit_batch`` / ``draft_batch``: block-drafter
   forwards batched). A drafter without batched forwards (suffix, n-gram) does not gather: a
@@ -58,6 +59,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from actors.goodput import Goodput, StepCost, fit_drafts
 from specdec.engine.rounds import Commit
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
 from specdec.runtime.model import SHORT
@@ -80,8 +82,8 @@ class BatchingConfig:
     # load-aware speculation: (batch size from, longest draft) pairs, the largest size <= the
     # number of running requests applies; empty: no cap beyond the request's own
     draft_caps: tuple[tuple[int, int], ...] = ()
-    # fit the drafts the target makes itself to its linears' pieces (see ``fit_pieces``)
-    fit_pieces: bool = True
+    # shorten the drafts the target makes itself to the step's goodput (``actors.goodput``)
+    fit_drafts: bool = True
 
     def __post_init__(self):
         if self.max_batch < 1 or self.token_budget < 1 or self.gather_s < 0 or self.gather_share < 0:
@@ -341,14 +343,16 @@ class TargetScheduler(BatchLoop):
     def __init__(self, build: Callable[[], TargetWorker], config: BatchingConfig,
                  build_drafter: Callable[[TargetWorker], DraftWorker] | None = None):
         self.drafter: DraftWorker | None = None
-        self.piece: int | None = None  # rows the target's linears take at once, when it fits to them
+        self.goodput: Goodput | None = None  # prices its drafts' tokens (``fit_drafts``)
 
         def both() -> TargetWorker:
             worker = build()
             if build_drafter is not None:
                 self.drafter = build_drafter(worker)
-            if config.fit_pieces:
-                self.piece = worker.piece_rows
+            if config.fit_drafts and self.drafter is not None and worker.runtime is not None:
+                piece = worker.piece_rows  # a batch-invariant linear's edge: measure both sides
+                edges = () if piece is None else (piece, piece + 1)
+                self.goodput = Goodput(StepCost.measure(worker.runtime, extra=edges))
             return worker
 
         super().__init__(both, config)
@@ -396,25 +400,40 @@ class TargetScheduler(BatchLoop):
         return self._fit(batch)
 
     def _fit(self, batch: list[tuple[Work, int]]) -> list[tuple[Work, int]]:
-        """Cut the drafts this target made so the step's short rows fill no more of its
-        linears' pieces than the rows it cannot cut need (``fit_pieces``); as is without pieces."""
-        if self.piece is None:
+        """Shorten the drafts this target made itself, of requests whose tokens do not depend
+        on them, to what the step's goodput buys (``actors.goodput.fit_drafts``: priced on the
+        step's short rows, which the drafts add to; a long prompt chunk's cost is the same
+        either way); as is without ``fit_drafts``."""
+        g = self.goodput
+        if g is None:
             return batch
         short = [(i, w, n) for i, (w, n) in enumerate(batch) if n <= SHORT]
-        cut = [(i, w) for i, w, _ in short if isinstance(w.payload, Drafted) and w.payload.ok]
-        fixed = sum(n for _, w, n in short) - sum(w.cost for _, w in cut)
-        keep = fit_pieces([len(w.payload.value.tokens) for _, w in cut], fixed, self.piece)
+        cut = [(i, w) for i, w, _ in short if isinstance(w.payload, Drafted) and w.payload.ok
+               and self.worker.draft_free(w.rid)]
+        drafts = [w.payload.value for _, w in cut]
+        fixed = sum(n for _, _, n in short) - sum(len(d.tokens) for d in drafts)
+        keep = fit_drafts([g.values(len(d.tokens), d.confidence) for d in drafts], fixed,
+                          g.cost, g.rate)
         batch = list(batch)
-        for (i, w), k in zip(cut, keep, strict=True):
-            if k < len(w.payload.value.tokens):
-                w.payload = Drafted(head(w.payload.value, k))
+        for (i, w), d, k in zip(cut, drafts, keep, strict=True):
+            if k < len(d.tokens):
+                w.payload = Drafted(head(d, k))
                 batch[i] = (w, w.cost)
         return batch
+
+    def _observe(self, drafts: dict[str, Draft], verified: dict[str, RoundResult],
+                 seconds: float) -> None:
+        """What the step did, for the goodput: each draft's acceptance, the tokens committed."""
+        for rid, result in verified.items():
+            d = drafts[rid]
+            self.goodput.round(d.confidence, len(d.tokens), result.accepted)
+        self.goodput.step(sum(len(r.tokens) for r in verified.values()), seconds)
 
     def finishes(self, w: Work, n: int) -> bool:
         return not isinstance(w.payload, OpenRequest) or w.fed + n >= len(w.payload.prompt_ids)
 
     def execute(self, batch: list[tuple[Work, int]]) -> dict:
+        started = time.perf_counter()
         failed, prefill, drafts, made, opens = {}, {}, {}, {}, {}
         for w, n in batch:
             if not isinstance(w.payload, OpenRequest):
@@ -437,6 +456,8 @@ class TargetScheduler(BatchLoop):
             prefill[w.rid], opens[w.rid] = n, w.payload
             w.fed += n
         out = self.worker.step(prefill, drafts)
+        if self.goodput is not None:
+            self._observe(drafts, out.verified, time.perf_counter() - started)
         results: dict = {**failed, **out.failed}
         for rid, features in out.opened.items():
             results[rid] = self._opened(rid, opens[rid], features)
@@ -543,32 +564,11 @@ class DraftScheduler(BatchLoop):
         return None, 0
 
 
-def fit_pieces(drafts: list[int], fixed: int, piece: int) -> list[int]:
-    """How many tokens each draft of a step keeps (``drafts``: their lengths) so that the
-    step's short rows fill only the pieces of ``piece`` rows they need without drafts: ``fixed``
-    rows that cannot be cut (decodes, short prompt chunks, drafts from a drafter actor) and each
-    draft's bonus row. A batch-invariant linear runs over ``piece`` rows at a time, and a piece
-    costs about another read of the weights (bfloat16 on the AMX Xeon: 8 requests x 4 tokens,
-    32 rows, 49.6 ms a pass; x 5, 40 rows in two pieces, 72.1 ms), so a piece begun for a few
-    draft tokens is mostly wasted. The room goes depth by depth -- every draft's first token,
-    then every second one -- as a draft's later tokens are accepted less often."""
-    rows = fixed + len(drafts)
-    room = -(-rows // piece) * piece - rows
-    keep = [0] * len(drafts)
-    for depth in range(max(drafts, default=0)):
-        for i, n in enumerate(drafts):
-            if room == 0:
-                return keep
-            if n > depth:
-                keep[i] += 1
-                room -= 1
-    return keep
-
-
 def head(draft: Draft, k: int) -> Draft:
     """The draft's first ``k`` tokens (and their proposal rows, when sampling)."""
     probs = None if draft.probs is None else draft.probs[:k]
-    return replace(draft, tokens=draft.tokens[:k], probs=probs)
+    confidence = None if draft.confidence is None else draft.confidence[:k]
+    return replace(draft, tokens=draft.tokens[:k], probs=probs, confidence=confidence)
 
 
 def draft_rounds(worker: DraftWorker, calls: dict[str, DraftCall]) -> dict:

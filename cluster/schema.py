@@ -88,15 +88,15 @@ class Batching(Strict):
     # load-aware speculation: {batch size from: longest draft}; the largest size <= the running
     # requests applies (none: the request's own limit)
     draft_caps: dict[PositiveInt, PositiveInt] = {}
-    # a batch-invariant target (bfloat16 on a CPU) cuts the drafts it makes itself (n-gram,
-    # suffix) so a step's verify rows fill only the pieces its linears need without them
-    fit_pieces: bool = BATCHING.fit_pieces
+    # the target shortens the drafts it makes itself (n-gram, suffix) to what a step's goodput
+    # buys: a token's expected gain against its row's measured cost (actors.goodput)
+    fit_drafts: bool = BATCHING.fit_drafts
 
     def actor_config(self) -> dict:
         """The ``actors.scheduler.BatchingConfig`` fields."""
         return {"max_batch": self.max_batch, "token_budget": self.token_budget,
                 "gather_s": self.gather_ms / 1000, "gather_share": self.gather_share,
-                "draft_caps": dict(self.draft_caps), "fit_pieces": self.fit_pieces}
+                "draft_caps": dict(self.draft_caps), "fit_drafts": self.fit_drafts}
 
 
 class ServeArgs(Strict):

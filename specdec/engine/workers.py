@@ -42,6 +42,9 @@ class Draft:
     drafter_s: float = 0.0
     preverifier_s: float = 0.0
     source: str | None = None  # which draft source the tokens came from (hybrid: suffix | block)
+    # [K] the drafter's estimate that the draft up to each token is accepted, where it makes one
+    # (``DraftBlock.confidence``); load-aware speculation reads it (``actors.goodput``)
+    confidence: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ class TargetRequest:
     # (logits [1, V], taps [1, F] or None).
     primed: tuple[torch.Tensor, torch.Tensor | None] | None = None
     logprobs: int | None = None  # top alternatives to report per token; None: no logprobs
+    # greedy with a lossless verifier: its tokens are the target's whatever it drafts, so a
+    # scheduler may shorten its drafts (``draft_free``)
+    exact: bool = False
 
 
 def generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
@@ -118,6 +124,17 @@ class TargetWorker:
         or one that is not batch invariant)."""
         runtime = self.target_model.runtime
         return None if runtime is None else runtime.rows
+
+    @property
+    def runtime(self):
+        """The target's ``specdec.runtime.Forward`` (None on transformers)."""
+        return self.target_model.runtime
+
+    def draft_free(self, rid: str) -> bool:
+        """Whether the request's committed tokens do not depend on its drafts (greedy, lossless
+        verification): shortening a draft then changes only how fast it goes."""
+        req = self.requests.get(rid)
+        return req is not None and req.exact
 
     # ---- the engine's calls: whole prompts, or verifies only --------------------------------
     def open(self, batch: dict[str, OpenRequest]) -> dict[str, torch.Tensor | None]:
@@ -166,7 +183,8 @@ class TargetWorker:
         self.requests[rid] = TargetRequest(state, verifier, verifier.new_state(), target_gen,
                                            pending=req.prompt_ids[-1],
                                            prompt=list(req.prompt_ids),
-                                           logprobs=req.params.logprobs)
+                                           logprobs=req.params.logprobs,
+                                           exact=req.params.temperature == 0 and verifier.lossless)
 
     def step(self, prefill: dict[str, int] | None = None,
              drafts: dict[str, Draft] | None = None) -> StepResult:
@@ -395,8 +413,11 @@ class DraftWorker:
         probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
         elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
         source = getattr(req.state, "source", None) if tokens else None
+        confidence = None
+        if blocks and all(b.confidence is not None for b in blocks):
+            confidence = tuple(float(c) for b in blocks for c in b.confidence)
         return Draft(tokens, probs, drafter_s=shared_s + elapsed - pre, preverifier_s=pre,
-                     source=source)
+                     source=source, confidence=confidence)
 
     def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
         self.commit_batch({rid: (result, drafted)})

@@ -38,6 +38,9 @@ class DraftBlock:
     tokens: torch.Tensor  # [n] long, target vocabulary ids
     hidden: torch.Tensor  # [n, D] the drafter's state that produced each token (pre-verifier input)
     probs: torch.Tensor | None = None  # [n, V] proposal distribution, only when sampling
+    # [n] the drafter's estimate that the block up to each token is accepted (the suffix tree's
+    # path probability); None: it makes none
+    confidence: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -163,7 +163,8 @@ class SuffixDrafter:
         probs = None
         if not sampling.greedy:  # a deterministic proposal: one-hot distributions
             probs = torch.nn.functional.one_hot(tokens, self.vocab_size).double()
-        return DraftBlock(tokens, hidden, probs)
+        confidence = torch.tensor(draft.probs[lo:hi], dtype=torch.float64)
+        return DraftBlock(tokens, hidden, probs, confidence)
 
     def commit(self, state: SuffixState, tokens: list[int], features=None) -> None:
         """The committed tokens extend the local tree and the request's response in the global

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from actors.drafter import DrafterActor
-from actors.scheduler import BatchingConfig, Closed, fit_pieces
+from actors.goodput import Goodput, StepCost
+from actors.scheduler import BatchingConfig, Closed
 from actors.target import TargetActor
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
@@ -215,48 +216,42 @@ def test_a_target_that_drafts_frees_both_states_and_refuses_rounds_without_a_dra
     assert plain.active() == []  # the failed call freed the request
 
 
-@pytest.mark.parametrize("drafts, fixed, piece, keep", [
-    ([3, 3, 3, 3], 0, 32, [3, 3, 3, 3]),  # fits: nothing cut
-    ([5, 5, 5, 5, 5, 5, 5, 5], 0, 32, [3, 3, 3, 3, 3, 3, 3, 3]),  # 8 x 6 rows -> one piece
-    ([4, 1, 0, 6], 2, 8, [1, 1, 0, 0]),  # 6 rows of 8: two left, one at each depth-1 token
-    ([4, 1, 0, 6], 2, 16, [4, 1, 0, 5]),  # ten left, depth by depth
-    ([2, 2], 6, 8, [0, 0]),  # the rows that cannot be cut fill the piece
-    ([9], 30, 16, [1]),  # 31 rows need two pieces: one row left
-    ([], 5, 4, []),
-])
-def test_fit_pieces_keeps_the_draft_tokens_the_pieces_hold_depth_by_depth(drafts, fixed, piece,
-                                                                         keep):
-    assert fit_pieces(drafts, fixed, piece) == keep
-
-
-def test_a_target_fitting_its_pieces_cuts_drafts_and_keeps_every_token(tiny_llama):
-    """The n-gram drafter on the target, planning as if its linears took 4 rows at a time (the
-    float64 runtime runs them whole: only the plan changes): the step's short rows (a long
-    prompt's chunk is a piece of its own) fill the pieces they need without drafts, and each
-    request's tokens are its tokens alone."""
+def test_a_target_fitting_drafts_to_its_goodput_cuts_them_and_keeps_every_token(tiny_llama):
+    """The n-gram drafter on the target, its steps priced as if a step's short rows were free
+    up to 8 and cost a second past them (the float64 runtime's real costs are tiny: only the
+    plan changes): a cut leaves the short rows within 8 (or cuts the drafts it can whole: the
+    rows it cannot cut fill them), only greedy lossless requests are
+    cut (an ASD request with a regret budget keeps its drafts: its tokens depend on them), and
+    each request's tokens are its tokens alone."""
     target, _ = local_actors(tiny_llama)
-    target.scheduler.piece = 4
-    fitted, plan = [], target.scheduler._fit
+    scheduler = target.scheduler
+    assert scheduler.goodput is not None  # measured at load: the drafter runs on the target
+    scheduler.goodput = Goodput(StepCost((1, 8, 9, 512), (0.001, 0.001, 1.0, 1.0)))
+    fitted, plan = [], scheduler._fit
 
     def recording(batch):
-        before = [n for _, n in batch]
+        before = [(w.rid, n) for w, n in batch]
         after = plan(batch)
-        fitted.append((before, [n for _, n in after]))
+        fitted.append((before, [(w.rid, n) for w, n in after]))
         return after
 
-    target.scheduler._fit = recording
+    scheduler._fit = recording
     ngram = load_pair(tiny_llama["target"], "ngram", dtype="float64")
     engine = Engine(ngram.target, ngram.drafter)
     tok = ngram.target.tokenizer
-    spec = SpecSettings(policy="fixed", gamma=6)
-    jobs = {f"r{i}": (tok(text)["input_ids"], GenerationParams(max_new_tokens=24, spec=spec))
-            for i, text in enumerate(TEXTS)}
+    exact = SpecSettings(policy="fixed", gamma=6)
+    budgeted = SpecSettings(policy="fixed", gamma=6, verify="asd", asd_budget=2.0)
+    jobs = {f"r{i}": (tok(text)["input_ids"], GenerationParams(
+        max_new_tokens=24, spec=budgeted if i == 1 else exact)) for i, text in enumerate(TEXTS)}
     out, _ = concurrently(target, None, jobs)
     for rid, (ids, params) in jobs.items():
         assert out[rid] == engine.generate(ids, params).token_ids, rid
     cuts = [(b, a) for b, a in fitted if a != b]
     assert cuts, "no draft was cut"
-    for before, after in cuts:  # a cut fills the short rows' pieces exactly
-        short = [n for n in after if n <= SHORT]
-        assert sum(after) < sum(before) and sum(short) % 4 == 0, (before, after)
+    for before, after in cuts:  # within the 8 free rows, or every cut draft gone
+        pairs = list(zip(before, after, strict=True))
+        cut = [m for (_, n), (_, m) in pairs if m != n]
+        assert sum(n for _, n in after if n <= SHORT) <= 8 or set(cut) == {1}, (before, after)
+        assert all(n == m for (rid, n), (_, m) in pairs if rid == "r1"), \
+            "the budgeted ASD request's draft was cut"
     assert target.active() == []

@@ -20,8 +20,6 @@ STEP_S = 0.2
 class Slots:
     """The worker side: which requests hold state."""
 
-    piece_rows = None  # no batch-invariant runtime
-
     def __init__(self):
         self.requests: dict[str, None] = {}
 
