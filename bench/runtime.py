@@ -211,6 +211,8 @@ def layout(w: Weights) -> str:
         parts.append("[in, out] x @ wt for single rows")
     if w.lm_head.packed is not None:
         parts.append("oneDNN-packed for several rows")
+    if w.lm_head.panels is not None:
+        parts = ["specdec's panel linear (AVX-512) for every pass"]
     return " + ".join(parts)
 
 
@@ -218,8 +220,10 @@ def bench_dtype(dtype: str, path: str, tokenizer, prompts, args) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).eval()
     target = TargetModel(model, tokenizer, backend="runtime", pool_size=16)
     fwd = target.runtime
-    plain = fwd.w.lm_head.wt is None and fwd.w.lm_head.packed is None
-    other = Forward(Weights.from_hf(model, single_row_copy=plain, pack=plain), fwd.pool)
+    head = fwd.w.lm_head
+    plain = head.wt is None and head.packed is None and head.panels is None
+    other = Forward(Weights.from_hf(model, single_row_copy=plain, pack=plain, panels=plain),
+                    fwd.pool)
     passes = pass_times(model, fwd, other, args.repeats)
     ar = ar_runs(model, target, prompts, args.max_new_tokens, exact=dtype == "float32")
     by = {(r["batch"], r["new_tokens"]): r for r in passes}

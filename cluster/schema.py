@@ -22,6 +22,7 @@ from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
 from specdec.models.sources import DTYPE_NAMES
 from specdec.runtime.model import ATTENTION_NAMES
+from specdec.runtime.weights import LINEARS
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -111,6 +112,10 @@ class ServeArgs(Strict):
     # auto: grouped where its probe passes at load, else per_query; other targets log that they
     # do not use it (a config with dtype auto may be batch invariant on one machine only)
     attention: Literal[ATTENTION_NAMES] = "auto"
+    # the target's linears (specdec.runtime.weights.panels_flag): auto: specdec's panel kernel
+    # for float32 on an AVX-512 CPU where it builds, else torch's; panels: that kernel or an
+    # error at load; torch: oneDNN's and MKL's
+    linears: Literal[LINEARS] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_device, parse_dtype, resolve
 from specdec.runtime import Forward, KVPool, Row, Weights, unsupported
+from specdec.runtime.weights import panels_flag
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "runtime", "transformers")
@@ -66,7 +67,7 @@ class TargetModel:
     """Prefill, extend by k tokens, crop; logits and hidden-state taps of every new position."""
 
     def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = (), backend: str = "auto",
-                 pool_size: int = 8, attention: str = "auto"):
+                 pool_size: int = 8, attention: str = "auto", linears: str = "auto"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         config = model.config
@@ -83,7 +84,7 @@ class TargetModel:
         self.backend = pick_backend(config, backend)
         self.runtime: Forward | None = None
         if self.backend == "runtime":
-            weights = Weights.from_hf(model)
+            weights = Weights.from_hf(model, panels=panels_flag(linears))
             s = weights.shape
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
                           self.dtype, self.device)
@@ -98,14 +99,14 @@ class TargetModel:
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),
                         device="cpu", backend: str = "auto", pool_size: int = 8,
-                        attention: str = "auto"):
+                        attention: str = "auto", linears: str = "auto"):
         path = resolve(ref)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=parse_dtype(dtype, device), use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
-                   attention=attention)
+                   attention=attention, linears=linears)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

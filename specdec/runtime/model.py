@@ -425,7 +425,7 @@ class Forward:
         """x: [N, in] -> [N, out]. Batch invariant: one call of the projection per part of the
         flat axis (``parts``, see ``parts``; None: ``self.rows`` rows at a time). Else a single
         row uses the [in, out] copy where the layout has one (see ``weights``), and everything
-        else one call of the projection."""
+        else one call of the projection (float32 with panels: every pass, ``runtime.panels``)."""
         if self.rows is not None:
             pieces = x.split(parts or self.rows)
             if len(pieces) == 1:

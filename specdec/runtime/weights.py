@@ -19,6 +19,11 @@ docs/BENCHMARKS.md):
   every call), with bitwise the same outputs: in pieces of up to 32 rows each row's are its
   outputs alone, and a 64- to 200-token prompt chunk's logits were equal. ``x @ wt`` was 6-9x
   slower than ``F.linear`` in bfloat16, so it keeps no ``[in, out]`` copy.
+- float32 on an x86 CPU with AVX-512 (where the extension builds, ``panels.usable``): only the
+  panel kernel's copy (``specdec.runtime.panels``), for every pass, in place of both copies above.
+  On the 2-core Xeon without AMX (2026-12-04) it took a whole pass of 8 decodes from 48.1 to
+  41.0 ms and left one decode as it was, 25.6 against 25.4 ms (docs/benchmarks/panels/); and each
+  row's outputs are then its outputs alone, in any batch.
 ``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here,
 ``can_pack``). The ``[out, in]`` weight itself stays for everything else (float64, GPUs, and
 the HF model, which shares its storage).
@@ -36,10 +41,25 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec.runtime import panels as panel_kernel
+
 FAMILY = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 SINGLE_ROW_COPY = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
 PACK = {torch.float32: True, torch.bfloat16: True, torch.float64: False}
+PANELS = {torch.float32: True}  # where the panel kernel runs (``panels.usable``), it replaces both
+LINEARS = ("auto", "panels", "torch")  # a config's choice; ``panels_flag`` reads it
+
+
+def panels_flag(linears: str) -> bool | None:
+    """``Weights.from_hf``'s ``panels`` for a config's ``linears``: auto (None) the panel kernel
+    for float32 where it runs here, panels (True) the panel kernel or an error saying why it
+    cannot run here, torch (False) oneDNN's and MKL's linears."""
+    if linears not in LINEARS:
+        raise ValueError(f"linears must be one of {list(LINEARS)}, not {linears!r}")
+    if linears == "panels" and panel_kernel.unavailable():
+        raise ValueError(f"linears: panels cannot run here: {panel_kernel.unavailable()}")
+    return {"auto": None, "panels": True, "torch": False}[linears]
 
 
 def can_pack(w: torch.Tensor) -> bool:
@@ -161,16 +181,22 @@ class Proj:
     bias: torch.Tensor | None  # [out] (Qwen2's q/k/v)
     # oneDNN-packed w: float32's multi-row passes, bfloat16's every pass (CPU; module docstring)
     packed: torch.Tensor | None = None
+    panels: torch.Tensor | None = None  # w as the panel kernel's panels: float32's every pass
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> [..., out]: oneDNN's linear on the packed copy when there is one, else
-        ``F.linear`` (one call, whatever the number of rows)."""
+        """x [..., in] -> [..., out]: the panel kernel where w has panels, else oneDNN's linear
+        on the packed copy where there is one, else ``F.linear`` (one call, whatever the number
+        of rows)."""
+        if self.panels is not None:
+            return panel_kernel.linear(x, self.panels, self.w.shape[0], self.bias)
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.w, self.bias)
 
     @classmethod
     def of(cls, w: torch.Tensor, bias: torch.Tensor | None, layout: Layout) -> Proj:
+        if layout.panels and panel_kernel.usable(w):
+            return cls(w, None, bias, panels=panel_kernel.pack(w))
         return cls(w, w.t().contiguous() if layout.single_row_copy else None, bias,
                    packed_weight(w) if layout.pack and can_pack(w) else None)
 
@@ -182,12 +208,14 @@ class Layout:
 
     single_row_copy: bool  # the [in, out] copy for single-row passes
     pack: bool  # the oneDNN-packed copy (where ``can_pack``)
+    panels: bool = False  # the panel kernel's copy in place of both (where ``panels.usable``)
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype, single_row_copy: bool | None = None,
-                  pack: bool | None = None) -> Layout:
-        return cls(SINGLE_ROW_COPY.get(dtype, False) if single_row_copy is None else single_row_copy,
-                   PACK.get(dtype, False) if pack is None else pack)
+                  pack: bool | None = None, panels: bool | None = None) -> Layout:
+        def pick(table, flag):
+            return table.get(dtype, False) if flag is None else flag
+        return cls(pick(SINGLE_ROW_COPY, single_row_copy), pick(PACK, pack), pick(PANELS, panels))
 
 
 @dataclass(frozen=True)
@@ -213,16 +241,16 @@ class Weights:
     sin_signed: torch.Tensor  # [max_len, d]: sin, its first half negated (``signed``)
 
     @classmethod
-    def from_hf(cls, model, single_row_copy: bool | None = None,
-                pack: bool | None = None) -> Weights:
-        """The two flags pick the extra weight copies (``Layout``); None: as measured fastest."""
+    def from_hf(cls, model, single_row_copy: bool | None = None, pack: bool | None = None,
+                panels: bool | None = None) -> Weights:
+        """The three flags pick the extra weight copies (``Layout``); None: as measured fastest."""
         config = model.config
         reason = unsupported(config)
         if reason:
             raise ValueError(f"the runtime cannot run this model: {reason}")
         shape = Shape.from_config(config)
         dtype = next(model.parameters()).dtype
-        layout = Layout.for_dtype(dtype, single_row_copy, pack)
+        layout = Layout.for_dtype(dtype, single_row_copy, pack, panels)
         layers = tuple(hf_layer(block, layout) for block in model.model.layers)
         cos, sin = rope_table(config, shape.head_dim, shape.max_len, dtype)
         device = model.model.embed_tokens.weight.device

@@ -247,10 +247,11 @@ def test_unsupported_configs_say_why():
 
 
 def test_float32_single_row_copies_equal_the_reference(hf):
-    """The float32 fast path (x @ wt on [in, out] copies for one-row passes) against HF."""
+    """The float32 layout without the panel kernel: x @ wt on [in, out] copies for one-row
+    passes, against HF."""
     model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
     model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
-    w = Weights.from_hf(model)
+    w = Weights.from_hf(model, panels=False)
     assert w.lm_head.wt is not None and w.layers[0].qkv.wt.shape == w.layers[0].qkv.w.T.shape
     s = w.shape
     fwd = Forward(w, KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
@@ -283,7 +284,7 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
     s = Weights.from_hf(model).shape
     passes = {}
     for packed in (True, False):
-        w = Weights.from_hf(model, pack=packed)
+        w = Weights.from_hf(model, pack=packed, panels=False)
         assert (w.layers[0].gate_up.packed is not None) == packed and (w.lm_head.packed is not None) == packed
         fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
         a, b = fwd.pool.acquire(), fwd.pool.acquire()
@@ -299,6 +300,39 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
         torch.testing.assert_close(fast.logits, plain.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fast.taps, plain.taps, rtol=1e-5, atol=1e-5)
         assert torch.equal(fast.logits.argmax(-1), plain.logits.argmax(-1))
+
+
+def test_float32_passes_on_the_panel_kernel_equal_the_reference(hf):
+    """Where the panel kernel runs (``specdec.runtime.panels``), float32 keeps only its panels
+    and runs every pass on them: a prefill, a ragged two-request verify with taps and a decode
+    against HF and against the plain ``[out, in]`` layout (the kernel itself:
+    tests/runtime/test_panels.py)."""
+    from specdec.runtime import panels
+
+    if panels.unavailable():
+        pytest.skip(panels.unavailable())
+    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
+    model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
+    s = Weights.from_hf(model).shape
+    passes = {}
+    for on in (True, False):
+        w = Weights.from_hf(model, panels=on)
+        assert (w.layers[0].qkv.panels is not None) == on and (w.lm_head.panels is not None) == on
+        assert not on or (w.layers[0].down.wt is None and w.layers[0].down.packed is None)
+        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
+        a, b = fwd.pool.acquire(), fwd.pool.acquire()
+        every = range(7)
+        out = fwd([Row(a, seq(9, 1), logits_at=range(9), taps_at=range(9)),
+                   Row(b, seq(4, 2), logits_at=range(4), taps_at=range(4))])
+        out += fwd([Row(a, seq(7, 3), logits_at=every, taps_at=every)])
+        out += fwd([Row(a, seq(1, 4), logits_at=[0], taps_at=[0])])
+        passes[on] = out
+    logits, taps = reference(model, seq(9, 1) + seq(7, 3) + seq(1, 4))
+    torch.testing.assert_close(passes[True][2].logits, logits[9:16], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(passes[True][3].taps, taps[16:], rtol=1e-4, atol=1e-4)
+    for fast, plain in zip(passes[True], passes[False], strict=True):
+        torch.testing.assert_close(fast.logits, plain.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fast.taps, plain.taps, rtol=1e-5, atol=1e-5)
 
 
 def test_bfloat16_runs_on_packed_weights_as_on_the_plain_ones(hf):

@@ -1,0 +1,136 @@
+"""The float32 panel linear against torch's linears (SmolLM2-135M, 2 threads), interleaved pass
+by pass, medians after warm-ups:
+
+- the linears of one pass alone (every layer's four projections, no lm_head), at 1 to 128 rows:
+  the panels, oneDNN's packed linear, ``x @ wt`` on the ``[in, out]`` copy, ``F.linear``;
+- whole passes of B requests x T new tokens after 160 cached tokens, and prompt prefills, on the
+  runtime with ``linears: auto`` (the panels) and ``linears: torch`` (the layout before), with
+  the largest logit difference between the two.
+
+Writes result.json and result.md next to this file.
+
+    PYTHONPATH=. python docs/benchmarks/panels/passes.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.engine.loading import load_target
+from specdec.runtime import Forward, KVPool, Row, Weights
+from specdec.runtime.panels import linear as panel_linear
+from specdec.runtime.weights import packed_linear
+
+HERE = Path(__file__).parent
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+PASSES = ((1, 1), (1, 4), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (16, 1), (16, 2))
+PROMPTS = (32, 100, 256)
+CONTEXT = 160
+
+
+def linears_ms(projections, kind: str, rows: int) -> float:
+    inputs = {}
+    t0 = time.perf_counter()
+    for p in projections:
+        x = inputs.setdefault(p.w.shape[1], torch.randn(rows, p.w.shape[1]))
+        if kind == "panels":
+            panel_linear(x, p.panels, p.w.shape[0])
+        elif kind == "onednn_packed":
+            packed_linear(x, p.packed, None)
+        elif kind == "x @ wt":
+            x @ p.wt
+        else:
+            F.linear(x, p.w)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def interleaved(arms: dict, repeats: int, warm: int) -> dict[str, float]:
+    """Each arm (a call returning its ms) run in turn, ``warm`` + ``repeats`` times."""
+    times = {name: [] for name in arms}
+    for i in range(warm + repeats):
+        for name, arm in arms.items():
+            dt = arm()
+            if i >= warm:
+                times[name].append(dt)
+    return {name: round(statistics.median(t), 2) for name, t in times.items()}
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    target = load_target("smollm2-135m", dtype="float32", kv_slots=1)
+    weights = {"panels": target.runtime.w, "torch": Weights.from_hf(target.model, panels=False)}
+    assert weights["panels"].lm_head.panels is not None, "the panel kernel does not run here"
+    s = weights["panels"].shape
+    with_panels = [p for layer in weights["panels"].layers
+                   for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    with_torch = [p for layer in weights["torch"].layers
+                  for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    kinds = {"panels": with_panels, "onednn_packed": with_torch, "x @ wt": with_torch,
+             "F.linear": with_torch}
+    result = {"linears_ms": [], "passes_ms": [], "prefill_ms": []}
+    with torch.inference_mode():
+        for rows in ROWS:
+            ms = interleaved({k: partial(linears_ms, p, k, rows) for k, p in kinds.items()}, 8, 2)
+            result["linears_ms"].append({"rows": rows, **ms})
+            print(result["linears_ms"][-1], flush=True)
+
+        forwards = {}
+        for name, w in weights.items():
+            pool = KVPool(s.layers, 17, s.kv_heads, s.max_len, s.head_dim, torch.float32)
+            forwards[name] = Forward(w, pool)
+            for _ in range(16):
+                slot = pool.acquire()
+                forwards[name]([Row(slot, list(range(5, 5 + CONTEXT)), logits_at=[CONTEXT - 1],
+                                    chunk=True)])
+            pool.acquire()  # slot 16: the prompts'
+        last = {}
+
+        def timed(name, rows, crop):
+            fwd = forwards[name]
+            t0 = time.perf_counter()
+            last[name] = fwd(rows)
+            dt = (time.perf_counter() - t0) * 1e3
+            for r in rows:
+                fwd.pool.crop(r.slot, crop)
+            return dt
+
+        def gap():
+            return max(float((a.logits - b.logits).abs().max())
+                       for a, b in zip(last["panels"], last["torch"], strict=True))
+
+        for B, T in PASSES:
+            rows = [Row(b, list(range(10, 10 + T)), logits_at=range(T)) for b in range(B)]
+            ms = interleaved({n: partial(timed, n, rows, CONTEXT) for n in forwards}, 10, 3)
+            result["passes_ms"].append({"B": B, "T": T, **ms, "max_logit_gap": gap()})
+            print(result["passes_ms"][-1], flush=True)
+        for n in PROMPTS:
+            rows = [Row(16, list(range(7, 7 + n)), logits_at=[n - 1], chunk=True)]
+            ms = interleaved({m: partial(timed, m, rows, 0) for m in forwards}, 5, 2)
+            result["prefill_ms"].append({"tokens": n, **ms, "max_logit_gap": gap()})
+            print(result["prefill_ms"][-1], flush=True)
+    (HERE / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["Linears of one pass (ms, the layers' four projections):", "",
+             "| rows | " + " | ".join(kinds) + " |", "|" + " --- |" * (len(kinds) + 1)]
+    lines += [f"| {r['rows']} | " + " | ".join(f"{r[k]:.1f}" for k in kinds) + " |"
+              for r in result["linears_ms"]]
+    lines += ["", f"Whole passes (ms, {CONTEXT} cached tokens) and prefills:", "",
+              "| pass | panels | torch | panels / torch | max logit gap |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['B']} x {r['T']} | {r['panels']:.1f} | {r['torch']:.1f} | "
+              f"{r['panels'] / r['torch']:.2f} | {r['max_logit_gap']:.1e} |"
+              for r in result["passes_ms"]]
+    lines += [f"| prefill {r['tokens']} | {r['panels']:.1f} | {r['torch']:.1f} | "
+              f"{r['panels'] / r['torch']:.2f} | {r['max_logit_gap']:.1e} |"
+              for r in result["prefill_ms"]]
+    (HERE / "result.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
