@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 # torch's extension cache so the first model load does not wait for it (about 25 s); a CPU
 # without AVX-512 or a missing compiler is said, and float32 runs oneDNN's and MKL's linears.
 panels:
-	$(BIN)/python -m specdec.runtime.panels
+	$(BIN)/python -c 'from specdec.runtime import panels; panels.main()'
 
 # The suffix drafter's suffix trees: arctic-inference's C++ SuffixDecodingCache (an sdist). Its
 # build tools go in with the installed protobuf pinned (ray and mlflow need theirs); CMake must

@@ -14,7 +14,7 @@ bitwise its outputs alone, in any batch.
 
 The extension is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``. The build lands in torch's extension cache and takes about 25 s
-on 2 cores; ``make setup`` runs it (``python -m specdec.runtime.panels``), so serving starts
+on 2 cores; ``make setup`` runs it (``make panels``: ``main`` below), so serving starts
 warm. ``unavailable()`` says why the kernel cannot run here, or returns None when it can.
 """
 
@@ -99,8 +99,9 @@ def linear(x: torch.Tensor, panels: torch.Tensor, out: int,
     return y.view(*x.shape[:-1], out)
 
 
-if __name__ == "__main__":  # make setup: build it now, so the first model load does not
-    logging.basicConfig(level=logging.INFO)
+def main() -> None:
+    """Build the kernel now and check it on one product (``make panels``), so the first model
+    load does not wait for the build."""
     reason = unavailable()
     if reason:
         print(f"specdec panel linear: not built ({reason}); float32 uses oneDNN's and MKL's")
