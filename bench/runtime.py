@@ -206,13 +206,13 @@ def ar_runs(model, target: TargetModel, prompts: list[dict], n: int, exact: bool
 
 
 def layout(w: Weights) -> str:
+    if w.lm_head.panels is not None:
+        return "specdec's panel linear (AVX-512) for every pass"
     parts = ["[out, in] F.linear"]
     if w.lm_head.wt is not None:
         parts.append("[in, out] x @ wt for single rows")
     if w.lm_head.packed is not None:
         parts.append("oneDNN-packed for several rows")
-    if w.lm_head.panels is not None:
-        parts = ["specdec's panel linear (AVX-512) for every pass"]
     return " + ".join(parts)
 
 

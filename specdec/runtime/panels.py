@@ -53,10 +53,12 @@ def _build():
         return "the CPU has no AVX-512"
     try:
         from torch.utils.cpp_extension import load
-        return load("specdec_panels", [str(SOURCE)], extra_cflags=FLAGS,
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        ext = load("specdec_panels", [str(SOURCE)], extra_cflags=FLAGS,
+                   extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
         return f"building {SOURCE.name} failed: {type(e).__name__}: {e}"
+    assert (ext.WIDTH, ext.PANELS) == (WIDTH, PANELS), "panels.py and panels.cpp disagree"
+    return ext
 
 
 def unavailable() -> str | None:
