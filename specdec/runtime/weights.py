@@ -57,8 +57,9 @@ def panels_flag(linears: str) -> bool | None:
     cannot run here, torch (False) oneDNN's and MKL's linears."""
     if linears not in LINEARS:
         raise ValueError(f"linears must be one of {list(LINEARS)}, not {linears!r}")
-    if linears == "panels" and panel_kernel.unavailable():
-        raise ValueError(f"linears: panels cannot run here: {panel_kernel.unavailable()}")
+    reason = panel_kernel.unavailable() if linears == "panels" else None
+    if reason:
+        raise ValueError(f"linears: panels cannot run here: {reason}")
     return {"auto": None, "panels": True, "torch": False}[linears]
 
 

@@ -35,6 +35,11 @@ PROMPTS = (32, 100, 256)
 CONTEXT = 160
 
 
+def projections(w: Weights) -> list:
+    """Every layer's four projections, in pass order."""
+    return [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
+
 def linears_ms(projections, kind: str, rows: int) -> float:
     inputs = {}
     t0 = time.perf_counter()
@@ -68,10 +73,7 @@ def main() -> None:
     weights = {"panels": target.runtime.w, "torch": Weights.from_hf(target.model, panels=False)}
     assert weights["panels"].lm_head.panels is not None, "the panel kernel does not run here"
     s = weights["panels"].shape
-    with_panels = [p for layer in weights["panels"].layers
-                   for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    with_torch = [p for layer in weights["torch"].layers
-                  for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    with_panels, with_torch = (projections(weights[k]) for k in ("panels", "torch"))
     kinds = {"panels": with_panels, "onednn_packed": with_torch, "x @ wt": with_torch,
              "F.linear": with_torch}
     result = {"linears_ms": [], "passes_ms": [], "prefill_ms": []}
