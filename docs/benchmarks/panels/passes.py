@@ -40,10 +40,10 @@ def projections(w: Weights) -> list:
     return [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
 
-def linears_ms(projections, kind: str, rows: int) -> float:
+def linears_ms(projs: list, kind: str, rows: int) -> float:
     inputs = {}
     t0 = time.perf_counter()
-    for p in projections:
+    for p in projs:
         x = inputs.setdefault(p.w.shape[1], torch.randn(rows, p.w.shape[1]))
         if kind == "panels":
             panel_linear(x, p.panels, p.w.shape[0])
