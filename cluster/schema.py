@@ -108,9 +108,12 @@ class ServeArgs(Strict):
     suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
     dtype: Literal[DTYPE_NAMES] = "float32"  # auto: sources.auto_dtype
-    # how a batch-invariant target (bfloat16 on a CPU) attends (specdec.runtime.model.ATTENTIONS);
-    # auto: grouped where its probe passes at load, else per_query; other targets log that they
-    # do not use it (a config with dtype auto may be batch invariant on one machine only)
+    # how the target attends (specdec.runtime.model): auto: a batch-invariant target (bfloat16
+    # on a CPU) grouped where its probe passes at load, else per_query; float32 on a CPU
+    # specdec's kernel (runtime.attend) where it builds, else SDPA. kernel: that kernel or an
+    # error at load; sdpa: SDPA by padded groups (float32: not batch invariant); grouped and
+    # per_query are logged as unused by targets that are not batch invariant (a config with
+    # dtype auto may be batch invariant on one machine only)
     attention: Literal[ATTENTION_NAMES] = "auto"
     # the target's linears (specdec.runtime.weights.panels_flag): auto: specdec's panel kernel
     # for float32 on an AVX-512 CPU where it builds, else torch's; panels: that kernel or an

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_device, parse_dtype, resolve
 from specdec.runtime import Forward, KVPool, Row, Weights, unsupported
+from specdec.runtime.model import ATTENTIONS
 from specdec.runtime.weights import panels_flag
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class TargetModel:
         if self.runtime is not None and self.runtime.rows is not None:
             log.info("batch invariant: linears in pieces of %d rows, %s attention",
                      self.runtime.rows, self.runtime.attention_kind)
-        elif attention != "auto":
+        elif attention in ATTENTIONS:
             log.warning("attention %s is not used: %s passes are not batch invariant here",
                         attention, self.dtype)
 

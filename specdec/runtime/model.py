@@ -13,7 +13,9 @@ verifies) in runs of consecutive KV slots, each padded to its longest new length
 context ``C``, with an explicit mask ``[B, 1, T, C]`` for SDPA (additive when batch invariant,
 ``Attention.mask``; ``split_short`` cuts the runs where padding would cost more than another
 call); each long row (a prompt chunk) alone. A group reads its slots' caches as a view, never
-a copy.
+a copy. In float32 on an AVX-512 CPU the short rows instead attend as one group through
+specdec's kernel (``runtime.attend``: each row reads its slot in place, unpadded, no mask), which
+with the panel linear (``runtime.panels``) makes those passes batch invariant too.
 
 Logits come back only for the positions a row asks for (a prefill asks for its last), and the
 tapped layers' outputs (the block drafter's features) for the positions it asks for. Terms:
@@ -59,6 +61,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from specdec.runtime import attend
 from specdec.runtime.pool import KVPool
 from specdec.runtime.weights import Layer, Proj, Weights
 
@@ -113,9 +116,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.
 
 SHORT = 32  # rows of at most this many new tokens (decodes, verifies) attend as one group
 KEY_BLOCK = 64  # batch-invariant attention reads keys in whole blocks of this many
-BATCH_INVARIANT = {torch.bfloat16: True}  # dtypes whose passes are batch invariant by default
-# (on CPUs; float32 is not, and need not be in practice: its 1-row and multi-row kernels differ
-# by ~1e-7, which flipped no token of the 80-prompt engine benchmark, docs/BENCHMARKS.md)
+# dtypes whose passes are made batch invariant by default (on CPUs), by pieces and key blocks;
+# float32 is so on specdec's kernels instead (the panel linear and the attention kernel), where
+# they run, and otherwise not: its 1-row and multi-row kernels then differ by ~1e-7, which
+# flipped no token of the 80-prompt engine benchmark (docs/BENCHMARKS.md)
+BATCH_INVARIANT = {torch.bfloat16: True}
 INVARIANT_ROWS = 32  # the most rows a batch-invariant linear is tried on at once
 
 
@@ -210,7 +215,12 @@ class Attention(NamedTuple):
 
 ATTENTIONS = {"grouped": Attention(grouped_mask, attend_grouped),
               "per_query": Attention(per_query_mask, attend_per_query)}
-ATTENTION_NAMES = ("auto", *ATTENTIONS)  # auto: grouped where its probe passes, else per query
+# how the short rows of a pass that is not batch invariant by ``BATCH_INVARIANT`` attend:
+# specdec's float32 kernel (``runtime.attend``: batch invariant itself), or SDPA by padded groups
+PLAIN_ATTENTIONS = ("kernel", "sdpa")
+# auto: batch invariant, grouped where its probe passes, else per query; float32 on a CPU, the
+# kernel where it builds, else SDPA
+ATTENTION_NAMES = ("auto", *ATTENTIONS, *PLAIN_ATTENTIONS)
 
 
 def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -313,6 +323,9 @@ class Group:
     # one row with nothing cached and no ancestor mask, its keys unpadded: SDPA's own causal
     # attention (a prompt's first chunk; it skips the blocks the mask would zero)
     causal: bool = False
+    # every short row of the pass on the attention kernel (``runtime.attend``): its rows table
+    # [R, 4] and seen [n, S] (empty: causal); T, C, mask, span and where are then unused
+    table: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 # SDPA's time for one group, in microseconds, as 1, B, B*T, B*C and B*T*C weigh in it (B rows,
@@ -352,18 +365,48 @@ def split_short(rows: Sequence[Row], lengths: Sequence[int], key_block: int | No
     return runs[::-1]
 
 
+def kernel_group(rows: Sequence[Row], lengths: Sequence[int], members: list[int],
+                 device) -> tuple[Group, torch.Tensor]:
+    """The short rows ``members`` as one group for the attention kernel (``runtime.attend``),
+    laid out flat from token 0, and their tokens' RoPE positions."""
+    table, seen, positions, start = [], [], [], 0
+    tree = any(rows[b].ancestors is not None for b in members)
+    for b in members:
+        r, c, n = rows[b], lengths[b], len(rows[b].ids)
+        table.append((start, n, r.slot, c))
+        sees = r.ancestors if r.ancestors is not None else torch.ones(n, n, dtype=torch.bool).tril()
+        positions.append(c + sees.sum(-1) - 1)
+        if tree:
+            seen.append(F.pad(sees, (0, SHORT - n)))
+        start += n
+    seen = torch.cat(seen).to(torch.uint8) if tree else torch.empty(0, dtype=torch.uint8)
+    group = Group(members, 0, start, max(len(rows[b].ids) for b in members), 0, None, (0, 0), None,
+                  table=(torch.tensor(table, dtype=torch.long), seen))
+    return group, torch.cat(positions).to(device)
+
+
 def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
-                key_block: int | None = None, max_len: int | None = None):
+                key_block: int | None = None, max_len: int | None = None, kernel: bool = False):
     """Lay a batch out flat: the short rows (decodes and verifies) first, in slot order, in
-    groups of consecutive slots (``split_short``), each padded to its longest; then each long
-    row (a prompt chunk) alone, so no prompt pads a decode. Returns the groups, each row's first
-    flat token, and the flat tokens' RoPE positions [N]. With a ``key_block`` (batch invariance)
-    every group but a long prompt chunk's reads whole key blocks, through a mask."""
+    groups of consecutive slots (``split_short``), each padded to its longest, or with the
+    attention ``kernel`` as one group, unpadded; then each long row (a prompt chunk) alone, so
+    no prompt pads a decode. Returns the groups, each row's first flat token, and the flat
+    tokens' RoPE positions [N]. With a ``key_block`` (batch invariance) every group but a long
+    prompt chunk's reads whole key blocks, through a mask."""
     short = sorted((b for b, r in enumerate(rows) if len(r.ids) <= SHORT), key=lambda b: rows[b].slot)
-    runs = split_short([rows[b] for b in short], [lengths[b] for b in short], key_block, max_len)
+    groups, offsets, positions, start = [], [0] * len(rows), [], 0
+    if kernel and short:
+        group, pos = kernel_group(rows, lengths, short, device)
+        groups.append(group)
+        positions.append(pos)
+        for b, (first, *_) in zip(short, group.table[0].tolist(), strict=True):
+            offsets[b] = first
+        start = group.size
+        runs = []
+    else:
+        runs = split_short([rows[b] for b in short], [lengths[b] for b in short], key_block, max_len)
     parts = [([short[i] for i in run], False) for run in runs] + [
         ([b], r.chunk) for b, r in enumerate(rows) if len(r.ids) > SHORT]
-    groups, offsets, positions, start = [], [0] * len(rows), [], 0
     for members, whole in parts:
         block = None if whole else key_block
         pos, mask = positions_and_mask([rows[b] for b in members], [lengths[b] for b in members],
@@ -405,10 +448,28 @@ class Forward:
         self.rows = invariant_rows(weights) if invariant else None
         if attention not in ATTENTION_NAMES:
             raise ValueError(f"attention must be one of {list(ATTENTION_NAMES)}, not {attention!r}")
+        if invariant and attention in PLAIN_ATTENTIONS:
+            raise ValueError(f"attention {attention!r} is for passes that are not batch invariant; "
+                             f"{dtype} ones attend {list(ATTENTIONS)} (or auto)")
         if invariant and attention == "auto":
             grouped = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, dtype)
             attention = "grouped" if grouped else "per_query"
-        self.attention_kind = attention if invariant else None  # None: SDPA as it comes
+        if not invariant:
+            attention = self._plain_attention(attention, dtype, weights.embed.device, s.head_dim)
+        # grouped / per_query (batch invariant), kernel, or None: SDPA by padded groups
+        self.attention_kind = attention if invariant or attention == "kernel" else None
+
+    @staticmethod
+    def _plain_attention(attention: str, dtype, device, head_dim: int) -> str | None:
+        """How a pass that is not batch invariant by ``BATCH_INVARIANT`` attends: ``kernel``
+        where asked for or, with auto, where it runs (float32 on a CPU), else SDPA."""
+        if attention == "kernel":
+            reason = ("it runs float32 on a CPU" if dtype != torch.float32 or device.type != "cpu"
+                      else attend.unavailable(head_dim))
+            if reason:
+                raise ValueError(f"attention 'kernel' cannot run here: {reason}")
+            return "kernel"
+        return "kernel" if attention == "auto" and attend.usable(dtype, device, head_dim) else None
 
     @property
     def invariant_attention(self) -> Attention | None:
@@ -468,7 +529,8 @@ class Forward:
                 raise ValueError(f"sequence of {c + len(r.ids)} tokens exceeds the KV slot's "
                                  f"{pool.max_len} positions")
         device = self.w.embed.device
-        groups, offsets, pos = plan_groups(rows, lengths, device, self.key_block, pool.max_len)
+        groups, offsets, pos = plan_groups(rows, lengths, device, self.key_block, pool.max_len,
+                                           kernel=self.attention_kind == "kernel")
         order = [b for g in groups for b in g.rows]
         ids = torch.tensor([t for b in order for t in rows[b].ids], dtype=torch.long, device=device)
         # where each flat token's key / value goes: its slot, at its index after the cache
@@ -478,8 +540,8 @@ class Forward:
         cos, sin_signed = (t[pos].unsqueeze(1) for t in (self.w.cos, self.w.sin_signed))  # [N, 1, d]
         for g in groups:
             invariant = self.rows is not None and not g.whole
-            if len(g.rows) > 1 or invariant:  # a group padded along the keys reads past a
-                for b in g.rows:  # slot's end
+            if g.table is None and (len(g.rows) > 1 or invariant):  # a group padded along
+                for b in g.rows:  # the keys reads past a slot's end (the kernel never does)
                     pool.ensure_clean(rows[b].slot, g.C)
             if invariant:
                 g.head_mask = self.invariant_attention.mask(
@@ -522,6 +584,8 @@ class Forward:
     def _attend(self, i: int, g: Group, q: torch.Tensor) -> torch.Tensor:
         """One group's queries [n, h, d] against its slots' caches; returns [n, h * d]."""
         s, pool = self.w.shape, self.pool
+        if g.table is not None:
+            return attend.attend(q, pool.k[i], pool.v[i], *g.table, s.head_dim ** -0.5)
         B, T = len(g.rows), g.T
         if g.where is None:
             queries = q.view(B, T, s.heads, s.head_dim)

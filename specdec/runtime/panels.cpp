@@ -1,10 +1,14 @@
 // specdec's float32 linear for x86 CPUs with AVX-512 (specdec/runtime/panels.py says when and why).
 //
 // The weight [out, in] is held as panels: [out_pad / 16, in, 16], panel j holding outputs
-// 16j..16j+15 with one 64-byte vector per input. A task owns PANELS panels; for every tile of up
-// to ROWS rows it keeps ROWS x PANELS accumulators in registers and walks the inputs once, one
-// fused multiply-add per row and panel per input, so the weight streams from memory once per
-// call whatever the number of rows, and the panels stay in cache across the row tiles.
+// 16j..16j+15 with one 64-byte vector (a cache line) per input. A task owns PANELS panels; for
+// every tile of up to ROWS rows it keeps ROWS x PANELS accumulators in registers and walks the
+// inputs once, one fused multiply-add per row and panel per input, so the weight streams from
+// memory once per call whatever the number of rows, and the panels stay in cache across the row
+// tiles. The first tile prefetches the lines AHEAD inputs on (past the task's end, the thread's
+// next task's first ones), so the stream from memory overlaps the tile's compute: the linears of
+// a pass of 8 rows then took 22% less, of 12 rows 25% less (a 576 x 3072 weight out of cache,
+// 2026-12-04).
 //
 // Every output is the same chain of fused multiply-adds over the inputs in order, whatever the
 // number of rows, the tile the row falls in or the thread that runs it: a row's outputs are
@@ -24,12 +28,15 @@ namespace {
 constexpr int WIDTH = 16;  // floats in a panel's row: one 512-bit vector
 constexpr int PANELS = 2;  // panels a task owns
 constexpr int ROWS = 12;   // rows of a tile: ROWS x PANELS accumulators + PANELS weights in registers
+constexpr int64_t AHEAD = 32;  // inputs the first tile prefetches ahead (the fastest of 16-256)
 
 // y[r, 16p + i] = bias + sum_k x[r, k] * panel_p[k, i] for the tile's R rows and PANELS panels.
 // mask[p]: which of panel p's 16 outputs exist (the last panels may pad past the output count).
+// next: where the inputs past this task's continue for the prefetch (the thread's next task's
+// panels), or null; prefetch: whether this tile prefetches (the first tile of a task does).
 template <int R>
 void tile(const float* x, int64_t in, const float* panels, float* y, int64_t out,
-          const float* bias, const __mmask16* mask) {
+          const float* bias, const __mmask16* mask, bool prefetch, const float* next) {
   __m512 acc[R][PANELS];
   for (int p = 0; p < PANELS; ++p) {
     __m512 b = bias ? _mm512_maskz_loadu_ps(mask[p], bias + p * WIDTH) : _mm512_setzero_ps();
@@ -39,6 +46,13 @@ void tile(const float* x, int64_t in, const float* panels, float* y, int64_t out
   for (int64_t k = 0; k < in; ++k) {
     __m512 w[PANELS];
     for (int p = 0; p < PANELS; ++p) w[p] = _mm512_loadu_ps(panels + p * stride + k * WIDTH);
+    if (prefetch) {
+      const float* line = k + AHEAD < in ? panels + (k + AHEAD) * WIDTH
+                          : next ? next + (k + AHEAD - in) * WIDTH : nullptr;
+      if (line)
+        for (int p = 0; p < PANELS; ++p)
+          _mm_prefetch(reinterpret_cast<const char*>(line + p * stride), _MM_HINT_T0);
+    }
     for (int r = 0; r < R; ++r) {
       __m512 xr = _mm512_set1_ps(x[r * in + k]);
       for (int p = 0; p < PANELS; ++p) acc[r][p] = _mm512_fmadd_ps(xr, w[p], acc[r][p]);
@@ -50,7 +64,7 @@ void tile(const float* x, int64_t in, const float* panels, float* y, int64_t out
 }
 
 using Tile = void (*)(const float*, int64_t, const float*, float*, int64_t, const float*,
-                      const __mmask16*);
+                      const __mmask16*, bool, const float*);
 
 template <int... R>
 constexpr std::array<Tile, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
@@ -95,8 +109,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor panels, int64_t out,
       }
       for (int64_t m = 0; m < M; m += ROWS) {
         const int R = static_cast<int>(std::min<int64_t>(ROWS, M - m));
-        TILES[R - 1](xs + m * in, in, ws + t * PANELS * in * WIDTH, ys + m * out + col, out,
-                     bs ? bs + col : nullptr, mask);
+        const float* task = ws + t * PANELS * in * WIDTH;
+        TILES[R - 1](xs + m * in, in, task, ys + m * out + col, out, bs ? bs + col : nullptr, mask,
+                     m == 0, t + 1 < hi && in >= AHEAD ? task + PANELS * in * WIDTH : nullptr);
       }
     }
   });

@@ -12,52 +12,32 @@ they tie, and a 256-token prompt chunk's whole pass is 6% slower (docs/benchmark
 Every output is the same chain of fused multiply-adds over the inputs, so a row's outputs are
 bitwise its outputs alone, in any batch.
 
-The extension is compiled on first use with the machine's C++ compiler, through
-``torch.utils.cpp_extension``. The build lands in torch's extension cache and takes about 25 s
-on 2 cores; ``make setup`` runs it (``make panels``: ``main`` below), so serving starts
-warm. ``unavailable()`` says why the kernel cannot run here, or returns None when it can.
+It is built as ``kernels`` says (``make kernels``); ``unavailable()`` says why it cannot run
+here, or returns None when it can.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import platform
 from pathlib import Path
 
 import torch
 
+from specdec.runtime import kernels
+
 SOURCE = Path(__file__).with_name("panels.cpp")
 WIDTH, PANELS = 16, 2  # as in panels.cpp: outputs a panel holds; panels a task owns
-FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for's threads, which
-# resolve to the libgomp torch already loaded, so torch.set_num_threads bounds them
 
 log = logging.getLogger(__name__)
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 @functools.cache
 def _build():
     """The compiled extension, or the reason it cannot be had here (a str)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"the CPU is {platform.machine()}, not x86-64"
-    if "avx512f" not in cpu_flags():
-        return "the CPU has no AVX-512"
-    try:
-        from torch.utils.cpp_extension import load
-        ext = load("specdec_panels", [str(SOURCE)], extra_cflags=FLAGS,
-                   extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as e:  # no compiler, a failed build: the caller says so and goes on
-        return f"building {SOURCE.name} failed: {type(e).__name__}: {e}"
-    assert (ext.WIDTH, ext.PANELS) == (WIDTH, PANELS), "panels.py and panels.cpp disagree"
+    ext = kernels.build(SOURCE)
+    if not isinstance(ext, str):
+        assert (ext.WIDTH, ext.PANELS) == (WIDTH, PANELS), "panels.py and panels.cpp disagree"
     return ext
 
 
@@ -102,8 +82,7 @@ def linear(x: torch.Tensor, panels: torch.Tensor, out: int,
 
 
 def main() -> None:
-    """Build the kernel now and check it on one product (``make panels``), so the first model
-    load does not wait for the build."""
+    """Build the kernel now and check it on one product (``kernels.main``)."""
     reason = unavailable()
     if reason:
         print(f"specdec panel linear: not built ({reason}); float32 uses oneDNN's and MKL's")

@@ -1,0 +1,275 @@
+// specdec's float32 attention of short rows for x86 CPUs with AVX-512 (specdec/runtime/attend.py
+// says when and why).
+//
+// A pass's short rows (decodes, verifies: a few new tokens each) read their KV slots where they
+// lie in the pool, [slots, kv_heads, max_len, d], with no padding and no mask tensor. A task is
+// one row and one kv head: the row's tokens times the query heads that read that kv head (GQA),
+// so they share each cached key and value row read. Token t of a row with c cached tokens sees
+// keys 0..c-1 and the row's new tokens it may see (all earlier ones and itself, or those its
+// ancestor mask names); the m-th key a query sees is the m-th in each of its sums:
+//   scores s_m = (q . k_m) * scale, 16 keys at a time, each key's sum the same tree of adds;
+//   p_m = e^(s_m - max s), summed into 16 lanes by m mod 16, then the lanes in a fixed tree;
+//   out = (sum_m p_m v_m) / sum_m p_m, one chain of fused multiply-adds per output, in m order.
+// So a query's result depends only on its own q and the keys and values it sees, in order: not
+// on the other rows or queries, on where its row sits in the batch, on which of its keys were
+// cached before the pass, or on the thread that runs it. A token's output is bitwise the same
+// whatever its pass holds: decoded alone, inside a verify (causal or a tree's branch), next to
+// other requests (tests/runtime/test_attend.py checks it).
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr int WIDTH = 16;  // floats in a 512-bit vector
+
+// e^x for x <= 0, lane by lane: x = n ln2 + r (Cody-Waite's two-part ln2), e^r by its Taylor
+// series to degree 7 (|r| <= ln2 / 2: relative error below 1e-8), times 2^n.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // e^-104 is below float's least subnormal
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// A key's NV * 16 products with the query, summed to 16 lanes in one fixed chain.
+template <int NV>
+inline __m512 key_products(const __m512* qv, const float* key) {
+  __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
+  for (int i = 1; i < NV; ++i) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + i * WIDTH), a);
+  return a;
+}
+
+// 16 vectors' lane sums as one vector, lane j holding a[j]'s: each a[j] is summed by the same
+// tree of adds, whatever j (pairs of lanes 2 apart, then 1 apart, then 128-bit lanes), so a
+// key's score does not depend on where it falls in a block.
+inline __m512 lane_sums(const __m512* a) {
+  __m512 b[8], c[4], d[2];
+  for (int j = 0; j < 8; ++j)
+    b[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]),
+                         _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  for (int j = 0; j < 4; ++j)
+    c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
+  for (int j = 0; j < 2; ++j)
+    d[j] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                       _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
+}
+
+// The queries of one task (see the top): query i is token i / g's head i % g of the group.
+struct Task {
+  const float* q;     // token 0's first head of the group; token t's at q + t * q_row
+  int64_t q_row;
+  float* out;         // likewise, out_row apart
+  int64_t out_row;
+  const float* k;     // the kv head's cache in the row's slot, [max_len, d]
+  const float* v;
+  int64_t c, n;       // cached and new tokens
+  int64_t g;
+  const uint8_t* seen;  // token 0's row of seen (S apart), or null: causal
+  int64_t S;
+  float scale;
+};
+
+// A thread's scratch, grown as needed: each query's scores then weights, each token's seen new
+// positions and their count, each query's weights' sum.
+struct Scratch {
+  std::vector<float> scores, sums;
+  std::vector<int> fresh, counts;
+};
+
+// Scaled scores of a query (qv) against `count` <= 16 key rows, into out[0..count-1].
+template <int NV>
+inline void score_block(const __m512* qv, const float* const* keys, int count, float scale,
+                        float* out) {
+  __m512 a[WIDTH];
+  for (int j = 0; j < WIDTH; ++j)
+    a[j] = j < count ? key_products<NV>(qv, keys[j]) : _mm512_setzero_ps();
+  const __mmask16 in = count == WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1u);
+  _mm512_mask_storeu_ps(out, in, _mm512_mul_ps(lane_sums(a), _mm512_set1_ps(scale)));
+}
+
+// Scores sc[0..M-1] -> e^(s_m - max s) in place; returns their sum.
+inline float weights(float* sc, int64_t M) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (int64_t m = 0; m < M; m += WIDTH) {
+    const __mmask16 in = M - m >= WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << (M - m)) - 1u);
+    top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, sc + m));
+  }
+  const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t m = 0; m < M; m += WIDTH) {
+    const __mmask16 in = M - m >= WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << (M - m)) - 1u);
+    const __m512 p = _mm512_maskz_mov_ps(
+        in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sc + m), most)));
+    _mm512_mask_storeu_ps(sc + m, in, p);
+    total = _mm512_add_ps(total, p);
+  }
+  return _mm512_reduce_add_ps(total);
+}
+
+template <int NV>
+void attend_task(const Task& t, Scratch& s) {
+  constexpr int D = NV * WIDTH, QP = 16 / NV;  // QP queries' sums stay in registers at once
+  const int64_t Q = t.n * t.g, stride = t.c + t.n;
+  if (static_cast<int64_t>(s.scores.size()) < Q * stride) s.scores.resize(Q * stride);
+  if (static_cast<int64_t>(s.sums.size()) < Q) s.sums.resize(Q);
+  if (static_cast<int64_t>(s.fresh.size()) < t.n * t.n) s.fresh.resize(t.n * t.n);
+  if (static_cast<int64_t>(s.counts.size()) < t.n) s.counts.resize(t.n);
+  for (int64_t tok = 0; tok < t.n; ++tok) {
+    int count = 0;
+    for (int64_t u = 0; u <= tok; ++u)
+      if (!t.seen || t.seen[tok * t.S + u]) s.fresh[tok * t.n + count++] = static_cast<int>(t.c + u);
+    s.counts[tok] = count;
+  }
+  auto query = [&](int64_t i) { return t.q + (i / t.g) * t.q_row + (i % t.g) * D; };
+  __m512 qv[NV];
+  const float* rows[WIDTH];
+  for (int64_t m0 = 0; m0 < t.c; m0 += WIDTH) {  // the cached keys, 16 rows for every query
+    const int count = static_cast<int>(std::min<int64_t>(WIDTH, t.c - m0));
+    for (int j = 0; j < count; ++j) rows[j] = t.k + (m0 + j) * D;
+    for (int64_t i = 0; i < Q; ++i) {
+      for (int x = 0; x < NV; ++x) qv[x] = _mm512_loadu_ps(query(i) + x * WIDTH);
+      score_block<NV>(qv, rows, count, t.scale, s.scores.data() + i * stride + m0);
+    }
+  }
+  for (int64_t i = 0; i < Q; ++i) {  // each query's new keys, then its weights
+    const int* fresh = s.fresh.data() + (i / t.g) * t.n;
+    const int count = s.counts[i / t.g];
+    float* sc = s.scores.data() + i * stride;
+    for (int x = 0; x < NV; ++x) qv[x] = _mm512_loadu_ps(query(i) + x * WIDTH);
+    for (int b = 0; b < count; b += WIDTH) {
+      const int many = std::min(WIDTH, count - b);
+      for (int j = 0; j < many; ++j) rows[j] = t.k + static_cast<int64_t>(fresh[b + j]) * D;
+      score_block<NV>(qv, rows, many, t.scale, sc + t.c + b);
+    }
+    s.sums[i] = weights(sc, t.c + count);
+  }
+  for (int64_t i0 = 0; i0 < Q; i0 += QP) {  // the sums, QP queries at a time
+    const int64_t many = std::min<int64_t>(QP, Q - i0);
+    __m512 acc[QP][NV];
+    for (int a = 0; a < QP; ++a)
+      for (int x = 0; x < NV; ++x) acc[a][x] = _mm512_setzero_ps();
+    for (int64_t m = 0; m < t.c; ++m) {  // the cached values, one row for the QP queries
+      __m512 vm[NV];
+      for (int x = 0; x < NV; ++x) vm[x] = _mm512_loadu_ps(t.v + m * D + x * WIDTH);
+      for (int a = 0; a < QP; ++a) {
+        if (a >= many) break;
+        const __m512 p = _mm512_set1_ps(s.scores[(i0 + a) * stride + m]);
+        for (int x = 0; x < NV; ++x) acc[a][x] = _mm512_fmadd_ps(p, vm[x], acc[a][x]);
+      }
+    }
+    for (int a = 0; a < many; ++a) {  // each query's new values; its output
+      const int64_t i = i0 + a;
+      const int* fresh = s.fresh.data() + (i / t.g) * t.n;
+      const float* sc = s.scores.data() + i * stride + t.c;
+      for (int u = 0; u < s.counts[i / t.g]; ++u) {
+        const float* vm = t.v + static_cast<int64_t>(fresh[u]) * D;
+        const __m512 p = _mm512_set1_ps(sc[u]);
+        for (int x = 0; x < NV; ++x)
+          acc[a][x] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vm + x * WIDTH), acc[a][x]);
+      }
+      const __m512 inverse = _mm512_set1_ps(1.0f / s.sums[i]);
+      float* out = t.out + (i / t.g) * t.out_row + (i % t.g) * D;
+      for (int x = 0; x < NV; ++x) _mm512_storeu_ps(out + x * WIDTH, _mm512_mul_ps(acc[a][x], inverse));
+    }
+  }
+}
+
+using Run = void (*)(const Task&, Scratch&);
+
+Run pick(int64_t d) {
+  switch (d) {
+    case 16: return &attend_task<1>;
+    case 32: return &attend_task<2>;
+    case 64: return &attend_task<4>;
+    case 128: return &attend_task<8>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+// q [N, h, d] float32 (the short rows' new tokens, flat; its rows may be strided); k_cache, v_cache [slots, kvh, L, d];
+// rows [R, 4] int64: (first flat token, new tokens n, slot, cached tokens c) of each row, the
+// rows' tokens together exactly q's N; seen [N, S] uint8, S >= every n: seen[i, u] says whether
+// flat token i sees new token u of its row (empty: every earlier one and itself). Every new key
+// and value must be in the caches already. Returns [N, h * d].
+torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                     torch::Tensor rows, torch::Tensor seen, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.device().is_cpu(),
+              "q must be a 3-d float32 CPU tensor [N, heads, d]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.scalar_type() == torch::kFloat && v_cache.scalar_type() == torch::kFloat &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "the caches must be contiguous float32 [slots, kv_heads, max_len, d] tensors");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && rows.scalar_type() == torch::kLong,
+              "rows must be an int64 [R, 4] tensor");
+  const int64_t N = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t slots = k_cache.size(0), kv_heads = k_cache.size(1), L = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == d, "q's head dim is ", d, ", the caches' ", k_cache.size(3));
+  TORCH_CHECK(heads % kv_heads == 0, heads, " query heads do not share ", kv_heads, " kv heads");
+  const Run run = pick(d);
+  TORCH_CHECK(run != nullptr, "head dim ", d, " is not one of 16, 32, 64, 128");
+  const bool causal = seen.numel() == 0;
+  if (!causal)
+    TORCH_CHECK(seen.dim() == 2 && seen.size(0) == N && seen.scalar_type() == torch::kByte,
+                "seen must be a uint8 [", N, ", S] tensor, or empty");
+  rows = rows.contiguous();
+  seen = seen.contiguous();
+  if (q.stride(2) != 1 || q.stride(1) != d) q = q.contiguous();  // rows may be strided (a view
+  const int64_t q_row = q.stride(0);                             // of the qkv projection's)
+  const int64_t R = rows.size(0);
+  const int64_t* table = rows.data_ptr<int64_t>();
+  int64_t tokens = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t start = table[4 * r], n = table[4 * r + 1], slot = table[4 * r + 2],
+                  c = table[4 * r + 3];
+    TORCH_CHECK(n >= 1 && start >= 0 && start + n <= N && 0 <= slot && slot < slots && c >= 0 &&
+                    c + n <= L && (causal || n <= seen.size(1)),
+                "row ", r, " (start ", start, ", ", n, " tokens, slot ", slot, ", ", c,
+                " cached) does not fit q, the caches or seen");
+    tokens += n;
+  }
+  TORCH_CHECK(tokens == N, "the rows hold ", tokens, " tokens, q ", N);
+  auto out = torch::empty({N, heads * d}, q.options());
+  const float* qs = q.data_ptr<float>();
+  const float* ks = k_cache.data_ptr<float>();
+  const float* vs = v_cache.data_ptr<float>();
+  const uint8_t* sees = causal ? nullptr : seen.data_ptr<uint8_t>();
+  const int64_t S = causal ? 0 : seen.size(1);
+  float* os = out.data_ptr<float>();
+  const int64_t group = heads / kv_heads;
+  at::parallel_for(0, R * kv_heads, 1, [&](int64_t lo, int64_t hi) {
+    static thread_local Scratch scratch;
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t r = task / kv_heads, kv = task % kv_heads;
+      const int64_t start = table[4 * r], n = table[4 * r + 1], slot = table[4 * r + 2],
+                    c = table[4 * r + 3];
+      const int64_t head = (slot * kv_heads + kv) * L * d;  // the kv head in the row's slot
+      const Task t{qs + start * q_row + kv * group * d, q_row, os + start * heads * d + kv * group * d,
+                   heads * d, ks + head, vs + head, c, n, group,
+                   causal ? nullptr : sees + start * S, S, static_cast<float>(scale)};
+      run(t, scratch);
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend,
+        "short rows' queries [N, h, d] against their KV slots -> [N, h * d] (see attend.cpp)");
+}

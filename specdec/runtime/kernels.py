@@ -1,0 +1,51 @@
+"""Building specdec's C++ kernels for x86 CPUs with AVX-512: the float32 panel linear
+(``panels``) and the float32 attention of short rows (``attend``).
+
+Each is compiled on first use with the machine's C++ compiler, through
+``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
+``make setup`` builds both (``make kernels``: ``main`` below), so serving starts warm. Where one
+cannot be had (another CPU, no compiler, a failed build) ``build`` returns the reason, and the
+runtime says so once and runs torch's own kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for's threads, which
+# resolve to the libgomp torch already loaded, so torch.set_num_threads bounds them
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@functools.cache
+def build(source: Path):
+    """The extension compiled from ``source`` (named ``specdec_<stem>``), or the reason it
+    cannot be had here (a str)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"the CPU is {platform.machine()}, not x86-64"
+    if "avx512f" not in cpu_flags():
+        return "the CPU has no AVX-512"
+    try:
+        from torch.utils.cpp_extension import load
+        return load(f"specdec_{source.stem}", [str(source)], extra_cflags=FLAGS,
+                    extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, a failed build: the caller says so and goes on
+        return f"building {source.name} failed: {type(e).__name__}: {e}"
+
+
+def main() -> None:
+    """Build and check every kernel now (``make kernels``), so the first model load does not
+    wait for a build."""
+    from specdec.runtime import attend, panels
+    panels.main()
+    attend.main()
