@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml
 	$(MAKE) kernels
 	touch $(STAMP)
 
-# specdec's float32 kernels for AVX-512 CPUs (specdec/runtime/kernels.py: the panel linear and
-# the attention of short rows), compiled now into torch's extension cache so the first model
-# load does not wait for them (about 25 s each); a CPU without AVX-512 or a missing compiler is
-# said, and float32 runs torch's linears and SDPA.
+# specdec's float32 kernels for AVX-512 CPUs (specdec/runtime/kernels.py: the panel linear, the
+# attention of short rows, the fused element-wise ops), compiled now into torch's extension
+# cache so the first model load does not wait for them (about 25 s each); a CPU without AVX-512
+# or a missing compiler is said, and float32 runs torch's own ops.
 kernels:
 	$(BIN)/python -c 'from specdec.runtime import kernels; kernels.main()'
 

@@ -1,5 +1,6 @@
 """Building specdec's C++ kernels for x86 CPUs with AVX-512: the float32 panel linear
-(``panels``) and the float32 attention of short rows (``attend``).
+(``panels``), the float32 attention of short rows (``attend``) and the fused float32
+element-wise ops (``fused``).
 
 Each is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
@@ -14,8 +15,11 @@ import functools
 import platform
 from pathlib import Path
 
-FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for's threads, which
-# resolve to the libgomp torch already loaded, so torch.set_num_threads bounds them
+# OpenMP: at::parallel_for's threads, which resolve to the libgomp torch already loaded, so
+# torch.set_num_threads bounds them. No contraction of a product and a sum into one fused
+# multiply-add unless the source asks for one: g++ contracts vector intrinsics too, and RoPE
+# must round as the eager ops do
+FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-ffp-contract=off"]
 
 
 def cpu_flags() -> set[str]:
@@ -46,6 +50,7 @@ def build(source: Path):
 def main() -> None:
     """Build and check every kernel now (``make kernels``), so the first model load does not
     wait for a build."""
-    from specdec.runtime import attend, panels
+    from specdec.runtime import attend, fused, panels
     panels.main()
     attend.main()
+    fused.main()

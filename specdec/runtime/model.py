@@ -61,7 +61,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from specdec.runtime import attend
+from specdec.runtime import attend, fused
 from specdec.runtime.pool import KVPool
 from specdec.runtime.weights import Layer, Proj, Weights
 
@@ -458,6 +458,10 @@ class Forward:
             attention = self._plain_attention(attention, dtype, weights.embed.device, s.head_dim)
         # grouped / per_query (batch invariant), kernel, or None: SDPA by padded groups
         self.attention_kind = attention if invariant or attention == "kernel" else None
+        # float32 on an AVX-512 CPU: the norms, RoPE with the KV write, and silu * up fused
+        # (``runtime.fused``; RoPE where the head dim fits it)
+        self.fused = not invariant and fused.usable(dtype, weights.embed.device)
+        self.fused_rope = self.fused and fused.rope_fits(s.head_dim)
 
     @staticmethod
     def _plain_attention(attention: str, dtype, device, head_dim: int) -> str | None:
@@ -550,11 +554,11 @@ class Forward:
         x = self.w.embed[ids]  # [N, H]
         taps = {}  # layer -> its output [N, H], for the tapped layers only
         for i, layer in enumerate(self.w.layers):
-            x = x + self.attention(i, layer, rms_norm(x, layer.attn_norm, s.eps), groups,
+            x = x + self.attention(i, layer, self.norm(x, layer.attn_norm), groups,
                                    (cos, sin_signed), (write_slots, write_at), parts)
-            x = x + self.mlp(layer, rms_norm(x, layer.mlp_norm, s.eps), parts)
+            x = x + self.mlp(layer, self.norm(x, layer.mlp_norm), parts)
             if i in self.tap_layers:  # the last layer's output is read after the final norm, as
-                taps[i] = x if i < s.layers - 1 else rms_norm(x, self.w.norm, s.eps)  # in HF
+                taps[i] = x if i < s.layers - 1 else self.norm(x, self.w.norm)  # in HF
         for r in rows:
             pool.advance(r.slot, len(r.ids))
         return self.outputs(rows, offsets, x, taps)
@@ -570,13 +574,16 @@ class Forward:
         s = self.w.shape
         N = x.shape[0]
         qkv = self.linear(x, layer.qkv, parts)  # [N, (h + 2 kvh) d]
-        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = qk.view(N, s.heads + s.kv_heads, s.head_dim)
-        if layer.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
-            qk = torch.cat([rms_norm(qk[:, :s.heads], layer.q_norm, s.eps),
-                            rms_norm(qk[:, s.heads:], layer.k_norm, s.eps)], dim=1)
-        q, k = rope(qk, *rotary).split([s.heads, s.kv_heads], dim=1)  # q's and k's heads at once
-        self.pool.write(i, *write, k, v.view(N, s.kv_heads, s.head_dim))
+        if self.fused_rope and layer.q_norm is None:  # RoPE and the KV write in one call
+            q = fused.rope_write(qkv, *rotary, self.pool.k[i], self.pool.v[i], *write, s.heads)
+        else:
+            qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+            qk = qk.view(N, s.heads + s.kv_heads, s.head_dim)
+            if layer.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
+                qk = torch.cat([rms_norm(qk[:, :s.heads], layer.q_norm, s.eps),
+                                rms_norm(qk[:, s.heads:], layer.k_norm, s.eps)], dim=1)
+            q, k = rope(qk, *rotary).split([s.heads, s.kv_heads], dim=1)  # q's, k's heads at once
+            self.pool.write(i, *write, k, v.view(N, s.kv_heads, s.head_dim))
         outs = [self._attend(i, g, q[g.start:g.start + g.size]) for g in groups]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return self.linear(out, layer.o, parts)
@@ -605,15 +612,24 @@ class Forward:
             out = out[g.where]  # [n, h, d]: the real tokens only
         return out.reshape(-1, self.q_size)
 
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The RMSNorm of x [N, H] (fused where ``self.fused``)."""
+        if self.fused:
+            return fused.rms_norm(x, w, self.w.shape.eps)
+        return rms_norm(x, w, self.w.shape.eps)
+
     def mlp(self, layer: Layer, x: torch.Tensor, parts: list[int] | None = None) -> torch.Tensor:
-        gate, up = self.linear(x, layer.gate_up, parts).chunk(2, dim=-1)
+        gate_up = self.linear(x, layer.gate_up, parts)
+        if self.fused:
+            return self.linear(fused.silu_mul(gate_up), layer.down, parts)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.linear(F.silu(gate) * up, layer.down, parts)
 
     def outputs(self, rows, offsets: list[int], x: torch.Tensor, taps: dict) -> list[RowOutput]:
         """Final norm + lm_head only at the asked-for positions; taps = outputs of layer l."""
         at = [offsets[b] + i for b, r in enumerate(rows) for i in r.logits_at]
         index = torch.tensor(at, dtype=torch.long, device=x.device)
-        logits = self.linear(rms_norm(x[index], self.w.norm, self.w.shape.eps), self.w.lm_head)
+        logits = self.linear(self.norm(x[index], self.w.norm), self.w.lm_head)
         out, start = [], 0
         for b, r in enumerate(rows):
             row_logits = logits[start:start + len(r.logits_at)]

@@ -1,8 +1,9 @@
 """The float32 attention kernel of short rows (specdec/runtime/attend.cpp) against float64 SDPA:
 decodes, causal verifies and tree-masked rows at contexts from 0 to past a 16-key block, every
 head dim it takes, with and without GQA, a strided q; every token bitwise the same alone and in
-any batch; bad input refused with the reason; and the forward on it: float32 verifies (causal
-and tree) bitwise the decodes of the same tokens, and how the ``attention`` option picks it."""
+any batch; bad input refused with the reason; and the forward on it (with the fused ops): float32
+verifies (causal and tree) bitwise the decodes of the same tokens, and how the ``attention``
+option picks it."""
 
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ def test_bad_input_is_refused_with_the_reason():
     assert attend.unavailable(48) and "not 48" in attend.unavailable(48)
 
 
-CONFIG = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+# head dim 32: the fused ops (runtime.fused) run RoPE and the KV write too, where they build
+CONFIG = dict(vocab_size=96, hidden_size=128, intermediate_size=160, num_hidden_layers=3,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
               initializer_range=0.2)
 

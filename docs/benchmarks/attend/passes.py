@@ -1,11 +1,13 @@
-"""The float32 attention kernel and the panel linear's prefetch against the code before them
-(SmolLM2-135M, 2 threads, interleaved pass by pass, medians after warm-ups):
+"""specdec's float32 kernels of 2026-12-04 against the code before them (SmolLM2-135M, 2
+threads, interleaved pass by pass, medians after warm-ups):
 
 - one layer's attention of B rows x T new tokens at 160 cached tokens: the kernel
   (``runtime.attend``) against SDPA over the padded group with its mask, as the forward ran it;
 - whole passes of B requests x T new tokens after 160 cached tokens, and prompt prefills, in
-  three arms: ``before`` (the panel linear of 67c022b, built from git, and ``attention: sdpa``),
-  ``prefetch`` (today's panel linear, SDPA) and ``both`` (today's panel linear and the kernel).
+  four arms, each adding one thing: ``before`` (the panel linear of 67c022b, built from git,
+  ``attention: sdpa``, torch's element-wise ops), ``prefetch`` (today's panel linear),
+  ``kernel`` (and the attention kernel) and ``fused`` (and the fused ops, ``runtime.fused``:
+  today's default), with the largest logit gap between ``fused`` and ``before``.
 
 Writes result.json and result.md next to this file.
 
@@ -103,28 +105,34 @@ def main() -> None:
                 forwards[kind]([Row(pool.acquire(), list(range(5, 5 + CONTEXT)),
                                     logits_at=[CONTEXT - 1], chunk=True)])
             pool.acquire()  # slot 16: the prompts'
-        arms = {"before": ("before", "sdpa"), "prefetch": ("now", "sdpa"), "both": ("now", "kernel")}
+        arms = {"before": ("before", "sdpa", False), "prefetch": ("now", "sdpa", False),
+                "kernel": ("now", "kernel", False), "fused": ("now", "kernel", True)}
+        last = {}
 
         def timed(arm, rows, crop):
-            build, kind = arms[arm]
+            build, kind, on = arms[arm]
             panels._build = lambda: builds[build]  # the linears' extension for this arm
             fwd = forwards[kind]
+            fwd.fused = fwd.fused_rope = on
             t0 = time.perf_counter()
-            fwd(rows)
+            last[arm] = torch.cat([o.logits for o in fwd(rows)])
             dt = (time.perf_counter() - t0) * 1e3
             for r in rows:
                 fwd.pool.crop(r.slot, crop)
             return dt
 
+        def gap():
+            return float((last["fused"] - last["before"]).abs().max())
+
         for B, T in PASSES:
             rows = [Row(b, list(range(10, 10 + T)), logits_at=range(T)) for b in range(B)]
             ms = interleaved({a: partial(timed, a, rows, CONTEXT) for a in arms}, 12, 3)
-            result["passes_ms"].append({"B": B, "T": T, **ms})
+            result["passes_ms"].append({"B": B, "T": T, **ms, "max_logit_gap": gap()})
             print(result["passes_ms"][-1], flush=True)
         for n in PROMPTS:
             rows = [Row(16, list(range(7, 7 + n)), logits_at=[n - 1], chunk=True)]
             ms = interleaved({a: partial(timed, a, rows, 0) for a in arms}, 6, 2)
-            result["prefill_ms"].append({"tokens": n, **ms})
+            result["prefill_ms"].append({"tokens": n, **ms, "max_logit_gap": gap()})
             print(result["prefill_ms"][-1], flush=True)
         panels._build = lambda: builds["now"]
     (HERE / "result.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -133,11 +141,12 @@ def main() -> None:
     lines += [f"| {r['B']} x {r['T']} | {r['kernel']:.1f} | {r['sdpa']:.1f} | "
               f"{r['kernel'] / r['sdpa']:.2f} |" for r in result["layer_us"]]
     lines += ["", f"Whole passes (ms, {CONTEXT} cached tokens) and prefills:", "",
-              "| pass | before | prefetch | both | both / before |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['B']} x {r['T']} | {r['before']:.1f} | {r['prefetch']:.1f} | {r['both']:.1f} | "
-              f"{r['both'] / r['before']:.2f} |" for r in result["passes_ms"]]
-    lines += [f"| prefill {r['tokens']} | {r['before']:.1f} | {r['prefetch']:.1f} | "
-              f"{r['both']:.1f} | {r['both'] / r['before']:.2f} |" for r in result["prefill_ms"]]
+              "| pass | " + " | ".join(arms) + " | fused / before | max logit gap |",
+              "|" + " --- |" * (len(arms) + 3)]
+    for r in result["passes_ms"] + result["prefill_ms"]:
+        name = f"{r['B']} x {r['T']}" if "B" in r else f"prefill {r['tokens']}"
+        lines.append(f"| {name} | " + " | ".join(f"{r[a]:.1f}" for a in arms) +
+                     f" | {r['fused'] / r['before']:.2f} | {r['max_logit_gap']:.1e} |")
     (HERE / "result.md").write_text("\n".join(lines) + "\n")
 
 

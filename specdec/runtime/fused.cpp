@@ -1,0 +1,173 @@
+// specdec's fused float32 element-wise ops for x86 CPUs with AVX-512 (specdec/runtime/fused.py
+// says when and why): the RMSNorm, RoPE with the new keys' and values' write into the KV pool,
+// and the MLP's silu(gate) * up, each one call over the pass's tokens instead of 3-8 torch ops.
+//
+// Each computes a token from that token's inputs alone, in a fixed order (the norm's sum of
+// squares in 16 lanes by index, then the lanes in a fixed tree), so a token's outputs are bitwise
+// the same whatever else its pass holds. RoPE and the norm's scaling round as transformers' eager
+// float32 ops do (two products, then their sum; x * rsqrt, then the weight times that).
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace {
+
+constexpr int WIDTH = 16;
+
+inline __mmask16 first(int64_t n) {
+  return n >= WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// e^x lane by lane for any x: x = n ln2 + r (Cody-Waite's two-part ln2), e^r by its Taylor
+// series to degree 7, times 2^n; below -104 it is 0, above 88.7 it overflows to infinity.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.8f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&
+                  x.stride(1) == 1,
+              name, " must be a 2-d float32 CPU tensor with contiguous rows");
+}
+
+}  // namespace
+
+// x [N, H] -> w * (x * 1 / sqrt(mean(x^2) + eps)), row by row.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  check_rows(x, "x");
+  const int64_t N = x.size(0), H = x.size(1);
+  w = w.contiguous();
+  TORCH_CHECK(w.scalar_type() == torch::kFloat && w.numel() == H, "w must be float32 [", H, "]");
+  auto out = torch::empty({N, H}, x.options());
+  const float* xs = x.data_ptr<float>();
+  const float* ws = w.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  const int64_t stride = x.stride(0);
+  at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* row = xs + i * stride;
+      __m512 squares = _mm512_setzero_ps();
+      for (int64_t j = 0; j < H; j += WIDTH) {
+        const __m512 v = _mm512_maskz_loadu_ps(first(H - j), row + j);
+        squares = _mm512_fmadd_ps(v, v, squares);
+      }
+      const float mean = _mm512_reduce_add_ps(squares) / static_cast<float>(H);
+      const __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(mean + static_cast<float>(eps)));
+      for (int64_t j = 0; j < H; j += WIDTH) {
+        const __mmask16 in = first(H - j);
+        const __m512 normed = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), inverse);
+        _mm512_mask_storeu_ps(os + i * H + j, in,
+                              _mm512_mul_ps(_mm512_maskz_loadu_ps(in, ws + j), normed));
+      }
+    }
+  });
+  return out;
+}
+
+// qkv [N, (h + 2 kvh) d] (the qkv projection's output) -> the queries [N, h, d] with RoPE; the
+// keys (with RoPE) and the values go into the caches [slots, kvh, L, d] at (slots[i],
+// positions[i]). RoPE of a head x: x * cos + x rolled by d / 2 * sin_signed (cos, sin_signed:
+// [N, d], each token's rows).
+torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed,
+                         torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
+                         torch::Tensor positions, int64_t heads) {
+  check_rows(qkv, "qkv");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.scalar_type() == torch::kFloat && v_cache.scalar_type() == torch::kFloat &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "the caches must be contiguous float32 [slots, kv_heads, max_len, d] tensors");
+  const int64_t N = qkv.size(0), kvh = k_cache.size(1), L = k_cache.size(2), d = k_cache.size(3);
+  TORCH_CHECK(d % (2 * WIDTH) == 0, "the head dim must be a multiple of 32, not ", d);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kvh) * d, "qkv has ", qkv.size(1), " columns, not (",
+              heads, " + 2 x ", kvh, ") x ", d);
+  cos = cos.contiguous();
+  sin_signed = sin_signed.contiguous();
+  slots = slots.contiguous();
+  positions = positions.contiguous();
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.numel() == N * d &&
+                  sin_signed.scalar_type() == torch::kFloat && sin_signed.numel() == N * d,
+              "cos and sin_signed must be float32 [", N, ", ", d, "]");
+  TORCH_CHECK(slots.scalar_type() == torch::kLong && slots.numel() == N &&
+                  positions.scalar_type() == torch::kLong && positions.numel() == N,
+              "slots and positions must be int64 [", N, "]");
+  const int64_t* ss = slots.data_ptr<int64_t>();
+  const int64_t* ps = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < N; ++i)
+    TORCH_CHECK(0 <= ss[i] && ss[i] < k_cache.size(0) && 0 <= ps[i] && ps[i] < L, "token ", i,
+                " goes to slot ", ss[i], " position ", ps[i], ", outside the caches");
+  auto q = torch::empty({N, heads, d}, qkv.options());
+  const float* xs = qkv.data_ptr<float>();
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin_signed.data_ptr<float>();
+  float* ks = k_cache.data_ptr<float>();
+  float* vs = v_cache.data_ptr<float>();
+  float* qs = q.data_ptr<float>();
+  const int64_t stride = qkv.stride(0), half = d / 2;
+  at::parallel_for(0, N, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* row = xs + i * stride;
+      const float* c = cs + i * d;
+      const float* s = sn + i * d;
+      auto rope = [&](const float* x, float* out) {
+        for (int64_t j = 0; j < d; j += WIDTH) {
+          const int64_t other = j < half ? j + half : j - half;
+          const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(c + j));
+          const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(x + other), _mm512_loadu_ps(s + j));
+          _mm512_storeu_ps(out + j, _mm512_add_ps(a, b));
+        }
+      };
+      for (int64_t h = 0; h < heads; ++h) rope(row + h * d, qs + (i * heads + h) * d);
+      for (int64_t h = 0; h < kvh; ++h) {
+        const int64_t at = ((ss[i] * kvh + h) * L + ps[i]) * d;
+        rope(row + (heads + h) * d, ks + at);
+        std::memcpy(vs + at, row + (heads + kvh + h) * d, d * sizeof(float));
+      }
+    }
+  });
+  return q;
+}
+
+// gate_up [N, 2I] -> silu(gate) * up [N, I], silu(g) = g / (1 + e^-g).
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  check_rows(gate_up, "gate_up");
+  const int64_t N = gate_up.size(0), I = gate_up.size(1) / 2;
+  TORCH_CHECK(gate_up.size(1) == 2 * I, "gate_up must have an even number of columns");
+  auto out = torch::empty({N, I}, gate_up.options());
+  const float* xs = gate_up.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  const int64_t stride = gate_up.stride(0);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  at::parallel_for(0, N, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const float* g = xs + i * stride;
+      for (int64_t j = 0; j < I; j += WIDTH) {
+        const __mmask16 in = first(I - j);
+        const __m512 x = _mm512_maskz_loadu_ps(in, g + j);
+        const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_mask_storeu_ps(os + i * I + j, in,
+                              _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(in, g + I + j)));
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "x [N, H] -> RMSNorm(x) * w");
+  m.def("rope_write", &rope_write,
+        "qkv [N, (h + 2 kvh) d] -> queries with RoPE [N, h, d]; keys and values into the caches");
+  m.def("silu_mul", &silu_mul, "gate_up [N, 2I] -> silu(gate) * up [N, I]");
+}

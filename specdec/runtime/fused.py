@@ -1,0 +1,79 @@
+"""specdec's fused float32 element-wise ops on x86 CPUs with AVX-512 (``fused.cpp``): the
+RMSNorm, RoPE with the write of the new keys and values into the KV pool, and silu(gate) * up.
+
+Why: with the linears on the panel kernel and the short rows on the attention kernel, a
+float32 pass on the 2-core Xeon without AMX still spent about 4 of its 26 ms at 1 x 1, and 9 of
+56 at 8 x 4, in torch's element-wise ops, most of it per-op overhead: an RMSNorm was 6 ops, RoPE
+and the KV write 8 (docs/BENCHMARKS.md, 2026-12-04). Each fused op is one call over the pass's
+tokens.
+
+Each computes a token from its own inputs in a fixed order, so a token's outputs are bitwise
+the same in any batch, as the kernels' are. RoPE rounds as eager float32 does; the norm's sum
+of squares is summed in another order than torch's, so its outputs differ from the eager ones
+in the last bits.
+
+It is built as ``kernels`` says; ``unavailable()`` says why it cannot run here, or returns None
+when it can.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specdec.runtime import kernels
+
+SOURCE = Path(__file__).with_name("fused.cpp")
+
+
+def unavailable() -> str | None:
+    """Why the fused ops cannot run here, or None when they can."""
+    built = kernels.build(SOURCE)
+    return built if isinstance(built, str) else None
+
+
+def usable(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a model of this dtype and device runs its element-wise ops fused here."""
+    return dtype == torch.float32 and device.type == "cpu" and unavailable() is None
+
+
+def rope_fits(head_dim: int) -> bool:
+    """Whether ``rope_write`` takes this head dim (its halves whole 16-float vectors)."""
+    return head_dim % 32 == 0
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [N, H] -> w * (x / sqrt(mean(x^2) + eps))."""
+    return kernels.build(SOURCE).rms_norm(x, w, eps)
+
+
+def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+               positions: torch.Tensor, heads: int) -> torch.Tensor:
+    """qkv [N, (h + 2 kvh) d] -> the queries with RoPE [N, h, d]; the keys (with RoPE) and the
+    values go into the caches at (``slots[i]``, ``positions[i]``). cos / sin_signed: each
+    token's RoPE rows [N, d] (``model.rope``)."""
+    return kernels.build(SOURCE).rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots,
+                                             positions, heads)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [N, 2I] -> silu(gate) * up [N, I]."""
+    return kernels.build(SOURCE).silu_mul(gate_up)
+
+
+def main() -> None:
+    """Build the ops now and check them against torch's on a few rows (``kernels.main``)."""
+    reason = unavailable()
+    if reason:
+        print(f"specdec fused ops: not built ({reason}); float32 runs torch's element-wise ops")
+        return
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 40, generator=gen), torch.randn(40, generator=gen)
+    want = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    assert torch.allclose(rms_norm(x, w, 1e-5), want, atol=1e-5), "the fused RMSNorm is wrong"
+    g = torch.randn(3, 80, generator=gen)
+    want = torch.nn.functional.silu(g[:, :40]) * g[:, 40:]
+    assert torch.allclose(silu_mul(g), want, atol=1e-5), "the fused silu * up is wrong here"
+    print(f"specdec fused ops: built and checked ({SOURCE.name})")

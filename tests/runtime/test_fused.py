@@ -1,0 +1,106 @@
+"""The fused float32 element-wise ops (specdec/runtime/fused.cpp) against torch's: the RMSNorm
+and silu * up within float32 rounding of float64, RoPE and the KV write bitwise the eager ops'
+(``model.rope``, ``KVPool.write``), every row bitwise its result alone, bad input refused with
+the reason; and a float32 forward on them against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from specdec.runtime import Forward, KVPool, Row, Weights, fused
+from specdec.runtime.model import rope
+
+pytestmark = pytest.mark.skipif(fused.unavailable() is not None,
+                                reason=f"fused ops: {fused.unavailable()}")
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("H", [8, 64, 576, 1000])
+def test_the_rms_norm_is_float64s_within_rounding_and_each_row_its_own(H):
+    x, w = randn(40, H) * 3, randn(H, seed=1)
+    x64 = x.double()
+    want = w.double() * (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6))
+    got = fused.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    alone = torch.cat([fused.rms_norm(x[i:i + 1], w, 1e-6) for i in range(40)])
+    assert torch.equal(got, alone)
+    wide = torch.zeros(40, H + 5)
+    wide[:, :H] = x
+    assert torch.equal(fused.rms_norm(wide[:, :H], w, 1e-6), got)  # strided rows
+
+
+@pytest.mark.parametrize("inner", [16, 100, 1536])
+def test_silu_mul_is_float64s_within_rounding_and_each_row_its_own(inner):
+    g = randn(24, 2 * inner) * 4
+    g[0, :3] = torch.tensor([-200.0, 100.0, 0.0])  # far tails: 0, itself, 0
+    want = F.silu(g[:, :inner].double()) * g[:, inner:].double()
+    got = fused.silu_mul(g)
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got, torch.cat([fused.silu_mul(g[i:i + 1]) for i in range(24)]))
+
+
+def test_rope_and_the_kv_write_are_bitwise_the_eager_ones():
+    heads, kvh, d, N = 6, 2, 64, 7
+    qkv = randn(N, (heads + 2 * kvh) * d)
+    cos, sin = randn(N, 1, d, seed=2), randn(N, 1, d, seed=3)
+    slots = torch.tensor([0, 0, 2, 2, 2, 1, 0])
+    positions = torch.tensor([5, 6, 0, 1, 2, 9, 7])
+    caches = [torch.zeros(3, kvh, 16, d) for _ in range(4)]  # fused k, v; eager k, v
+    q = fused.rope_write(qkv, cos, sin, caches[0], caches[1], slots, positions, heads)
+    qk, v = qkv.split([(heads + kvh) * d, kvh * d], dim=-1)
+    q_eager, k_eager = rope(qk.reshape(N, heads + kvh, d), cos, sin).split([heads, kvh], dim=1)
+    caches[2][slots, :, positions] = k_eager
+    caches[3][slots, :, positions] = v.reshape(N, kvh, d)
+    assert torch.equal(q, q_eager)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_bad_input_is_refused_with_the_reason():
+    k, v = torch.zeros(2, 2, 8, 64), torch.zeros(2, 2, 8, 64)
+    qkv, cs = randn(3, 8 * 64), randn(3, 64)
+    with pytest.raises(RuntimeError, match="columns"):
+        fused.rope_write(qkv, cs, cs, k, v, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2]), 3)
+    with pytest.raises(RuntimeError, match="outside the caches"):
+        fused.rope_write(qkv, cs, cs, k, v, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 8]), 4)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        fused.rope_write(randn(3, 8 * 16), randn(3, 16), randn(3, 16), torch.zeros(2, 2, 8, 16),
+                         torch.zeros(2, 2, 8, 16), torch.tensor([0, 0, 1]),
+                         torch.tensor([0, 1, 2]), 4)
+    with pytest.raises(RuntimeError, match="float32"):
+        fused.rms_norm(randn(2, 8).double(), randn(8), 1e-6)
+    with pytest.raises(RuntimeError, match="even"):
+        fused.silu_mul(randn(2, 7))
+    assert fused.rope_fits(64) and not fused.rope_fits(16)
+
+
+def test_a_float32_forward_on_the_fused_ops_equals_transformers():
+    """hidden 128 / 4 heads: head dim 32, so RoPE and the KV write run fused too; a prefill,
+    a two-request verify and a decode against a cacheless HF forward, and against the same
+    forward with the fused ops off."""
+    config = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=160,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    w = Weights.from_hf(model)
+    s = w.shape
+    ids = [randn(n, seed=n).abs().mul(30).long().clamp(max=95).tolist() for n in (9, 4, 6)]
+    outs = {}
+    for on in (True, False):
+        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32))
+        assert fwd.fused and fwd.fused_rope
+        fwd.fused = fwd.fused_rope = on
+        a, b = fwd.pool.acquire(), fwd.pool.acquire()
+        out = fwd([Row(a, ids[0], logits_at=range(9)), Row(b, ids[1], logits_at=range(4))])
+        out += fwd([Row(a, ids[2], logits_at=range(6))])
+        outs[on] = torch.cat([out[0].logits, out[2].logits])
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([ids[0] + ids[2]])).logits[0]
+    torch.testing.assert_close(outs[True], want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[True], outs[False], rtol=1e-4, atol=1e-4)
