@@ -15,7 +15,8 @@ context ``C``, with an explicit mask ``[B, 1, T, C]`` for SDPA (additive when ba
 call); each long row (a prompt chunk) alone. A group reads its slots' caches as a view, never
 a copy. In float32 on an AVX-512 CPU the short rows instead attend as one group through
 specdec's kernel (``runtime.attend``: each row reads its slot in place, unpadded, no mask), which
-with the panel linear (``runtime.panels``) makes those passes batch invariant too.
+with the panel linear (``runtime.panels``) makes those passes batch invariant too; there the
+norms, RoPE with the KV write, and silu * up run fused as well (``runtime.fused``).
 
 Logits come back only for the positions a row asks for (a prefill asks for its last), and the
 tapped layers' outputs (the block drafter's features) for the positions it asks for. Terms:
