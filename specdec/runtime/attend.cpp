@@ -25,23 +25,13 @@
 #include <cmath>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-constexpr int WIDTH = 16;  // floats in a 512-bit vector
-
-// e^x for x <= 0, lane by lane: x = n ln2 + r (Cody-Waite's two-part ln2), e^r by its Taylor
-// series to degree 7 (|r| <= ln2 / 2: relative error below 1e-8), times 2^n.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // e^-104 is below float's least subnormal
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
+using specdec::WIDTH;
+using specdec::exp16;
+using specdec::first_lanes;
 
 // A key's NV * 16 products with the query, summed to 16 lanes in one fixed chain.
 template <int NV>
@@ -98,7 +88,7 @@ inline void score_block(const __m512* qv, const float* const* keys, int count, f
   __m512 a[WIDTH];
   for (int j = 0; j < WIDTH; ++j)
     a[j] = j < count ? key_products<NV>(qv, keys[j]) : _mm512_setzero_ps();
-  const __mmask16 in = count == WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1u);
+  const __mmask16 in = first_lanes(count);
   _mm512_mask_storeu_ps(out, in, _mm512_mul_ps(lane_sums(a), _mm512_set1_ps(scale)));
 }
 
@@ -106,15 +96,15 @@ inline void score_block(const __m512* qv, const float* const* keys, int count, f
 inline float weights(float* sc, int64_t M) {
   __m512 top = _mm512_set1_ps(-INFINITY);
   for (int64_t m = 0; m < M; m += WIDTH) {
-    const __mmask16 in = M - m >= WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << (M - m)) - 1u);
+    const __mmask16 in = first_lanes(M - m);
     top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, sc + m));
   }
   const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
   __m512 total = _mm512_setzero_ps();
   for (int64_t m = 0; m < M; m += WIDTH) {
-    const __mmask16 in = M - m >= WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << (M - m)) - 1u);
+    const __mmask16 in = first_lanes(M - m);
     const __m512 p = _mm512_maskz_mov_ps(
-        in, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sc + m), most)));
+        in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sc + m), most)));
     _mm512_mask_storeu_ps(sc + m, in, p);
     total = _mm512_add_ps(total, p);
   }

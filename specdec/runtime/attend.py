@@ -18,8 +18,6 @@ when it can.
 
 from __future__ import annotations
 
-import functools
-import logging
 from pathlib import Path
 
 import torch
@@ -30,32 +28,20 @@ from specdec.runtime import kernels
 SOURCE = Path(__file__).with_name("attend.cpp")
 HEAD_DIMS = (16, 32, 64, 128)  # as in attend.cpp
 
-log = logging.getLogger(__name__)
-
 
 def unavailable(head_dim: int | None = None) -> str | None:
     """Why the kernel cannot run here (for this head dim, if given), or None when it can."""
     if head_dim is not None and head_dim not in HEAD_DIMS:
         return f"its head dims are {HEAD_DIMS}, not {head_dim}"
-    built = kernels.build(SOURCE)
-    return built if isinstance(built, str) else None
+    return kernels.unavailable(SOURCE)
 
 
 def usable(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether a model of this dtype, device and head dim can attend on the kernel here; logs
     once why not when float32 on a CPU cannot."""
-    if dtype != torch.float32 or device.type != "cpu":
-        return False
-    reason = unavailable(head_dim)
-    if reason:
-        _warn(reason)
-    return reason is None
-
-
-@functools.cache
-def _warn(reason: str) -> None:
-    log.warning("specdec's float32 attention kernel is off (%s); float32 attends through SDPA, "
-                "padded by group and not batch invariant", reason)
+    return head_dim in HEAD_DIMS and kernels.usable(
+        SOURCE, dtype, device, "float32 attention kernel",
+        "SDPA, padded by group and not batch invariant")
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,

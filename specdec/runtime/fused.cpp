@@ -15,27 +15,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "simd.h"
+
 namespace {
 
-constexpr int WIDTH = 16;
-
-inline __mmask16 first(int64_t n) {
-  return n >= WIDTH ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1u);
-}
-
-// e^x lane by lane for any x: x = n ln2 + r (Cody-Waite's two-part ln2), e^r by its Taylor
-// series to degree 7, times 2^n; below -104 it is 0, above 88.7 it overflows to infinity.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.8f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
+using specdec::WIDTH;
+using specdec::exp16;
+using specdec::first_lanes;
 
 void check_rows(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&
@@ -61,13 +47,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
       const float* row = xs + i * stride;
       __m512 squares = _mm512_setzero_ps();
       for (int64_t j = 0; j < H; j += WIDTH) {
-        const __m512 v = _mm512_maskz_loadu_ps(first(H - j), row + j);
+        const __m512 v = _mm512_maskz_loadu_ps(first_lanes(H - j), row + j);
         squares = _mm512_fmadd_ps(v, v, squares);
       }
       const float mean = _mm512_reduce_add_ps(squares) / static_cast<float>(H);
       const __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(mean + static_cast<float>(eps)));
       for (int64_t j = 0; j < H; j += WIDTH) {
-        const __mmask16 in = first(H - j);
+        const __mmask16 in = first_lanes(H - j);
         const __m512 normed = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), inverse);
         _mm512_mask_storeu_ps(os + i * H + j, in,
                               _mm512_mul_ps(_mm512_maskz_loadu_ps(in, ws + j), normed));
@@ -154,7 +140,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
     for (int64_t i = lo; i < hi; ++i) {
       const float* g = xs + i * stride;
       for (int64_t j = 0; j < I; j += WIDTH) {
-        const __mmask16 in = first(I - j);
+        const __mmask16 in = first_lanes(I - j);
         const __m512 x = _mm512_maskz_loadu_ps(in, g + j);
         const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
         _mm512_mask_storeu_ps(os + i * I + j, in,

@@ -29,13 +29,14 @@ SOURCE = Path(__file__).with_name("fused.cpp")
 
 def unavailable() -> str | None:
     """Why the fused ops cannot run here, or None when they can."""
-    built = kernels.build(SOURCE)
-    return built if isinstance(built, str) else None
+    return kernels.unavailable(SOURCE)
 
 
 def usable(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a model of this dtype and device runs its element-wise ops fused here."""
-    return dtype == torch.float32 and device.type == "cpu" and unavailable() is None
+    """Whether a model of this dtype and device runs its element-wise ops fused here; logs once
+    why not when float32 on a CPU cannot."""
+    return kernels.usable(SOURCE, dtype, device, "fused float32 element-wise ops",
+                          "torch's element-wise ops")
 
 
 def rope_fits(head_dim: int) -> bool:

@@ -12,8 +12,13 @@ runtime says so once and runs torch's own kernels.
 from __future__ import annotations
 
 import functools
+import logging
 import platform
 from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
 
 # OpenMP: at::parallel_for's threads, which resolve to the libgomp torch already loaded, so
 # torch.set_num_threads bounds them. No contraction of a product and a sum into one fused
@@ -45,6 +50,29 @@ def build(source: Path):
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
         return f"building {source.name} failed: {type(e).__name__}: {e}"
+
+
+def unavailable(source: Path) -> str | None:
+    """Why the kernel of ``source`` cannot run here, or None when it can."""
+    built = build(source)
+    return built if isinstance(built, str) else None
+
+
+def usable(source: Path, dtype: torch.dtype, device: torch.device, what: str,
+           instead: str) -> bool:
+    """Whether float32 on a CPU runs ``what`` (the kernel of ``source``) here; logs once why
+    not, and what it runs ``instead``."""
+    if dtype != torch.float32 or device.type != "cpu":
+        return False
+    reason = unavailable(source)
+    if reason:
+        _warn(what, reason, instead)
+    return reason is None
+
+
+@functools.cache
+def _warn(what: str, reason: str, instead: str) -> None:
+    log.warning("specdec's %s is off (%s); float32 runs %s", what, reason, instead)
 
 
 def main() -> None:

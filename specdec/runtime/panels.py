@@ -19,7 +19,6 @@ here, or returns None when it can.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
 import torch
@@ -28,8 +27,6 @@ from specdec.runtime import kernels
 
 SOURCE = Path(__file__).with_name("panels.cpp")
 WIDTH, PANELS = 16, 2  # as in panels.cpp: outputs a panel holds; panels a task owns
-
-log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -50,18 +47,8 @@ def unavailable() -> str | None:
 def usable(w: torch.Tensor) -> bool:
     """Whether ``w`` [out, in] can run on the panels here (a CPU float32 weight); logs once why
     not when the kernel is missing."""
-    if w.dtype != torch.float32 or w.device.type != "cpu":
-        return False
-    reason = unavailable()
-    if reason:
-        _warn(reason)
-    return reason is None
-
-
-@functools.cache
-def _warn(reason: str) -> None:
-    log.warning("specdec's float32 panel linear is off (%s); float32 runs oneDNN's and MKL's "
-                "linears, slower over a few rows", reason)
+    return kernels.usable(SOURCE, w.dtype, w.device, "float32 panel linear",
+                          "oneDNN's and MKL's linears, slower over a few rows")
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:

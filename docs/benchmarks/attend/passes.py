@@ -17,18 +17,17 @@ Writes result.json and result.md next to this file.
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import load
 
+from bench.passes import cached_forward, interleaved, sweep
 from specdec.engine.loading import load_target
-from specdec.runtime import Forward, KVPool, Row, attend, kernels, panels
+from specdec.runtime import attend, kernels, panels
 
 HERE = Path(__file__).parent
 BEFORE = "67c022b"  # the commit before the prefetch and the kernel
@@ -45,17 +44,6 @@ def old_panels():
                                      check=True, capture_output=True, text=True).stdout)
     return load("specdec_panels_before", [str(source)], extra_cflags=kernels.FLAGS,
                 extra_ldflags=["-fopenmp"])
-
-
-def interleaved(arms: dict, repeats: int, warm: int) -> dict[str, float]:
-    """Each arm (a call returning its ms) run in turn, ``warm`` + ``repeats`` times."""
-    times = {name: [] for name in arms}
-    for i in range(warm + repeats):
-        for name, arm in arms.items():
-            dt = arm()
-            if i >= warm:
-                times[name].append(dt)
-    return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
 
 def layer_us(B: int, T: int, heads: int, kv_heads: int, d: int) -> dict[str, float]:
@@ -91,50 +79,34 @@ def main() -> None:
     w = target.runtime.w
     s = w.shape
     assert w.lm_head.panels is not None and attend.unavailable() is None, "no kernels here"
-    result = {"layer_us": [], "passes_ms": [], "prefill_ms": []}
-    with torch.inference_mode():
-        for B, T in LAYER:
+    result = {"layer_us": []}
+    for B, T in LAYER:
+        with torch.inference_mode():
             result["layer_us"].append({"B": B, "T": T, **layer_us(B, T, s.heads, s.kv_heads,
                                                                   s.head_dim)})
-            print(result["layer_us"][-1], flush=True)
-        forwards = {}
-        for kind in ("kernel", "sdpa"):
-            pool = KVPool(s.layers, 17, s.kv_heads, s.max_len, s.head_dim, torch.float32)
-            forwards[kind] = Forward(w, pool, attention=kind)
-            for _ in range(16):
-                forwards[kind]([Row(pool.acquire(), list(range(5, 5 + CONTEXT)),
-                                    logits_at=[CONTEXT - 1], chunk=True)])
-            pool.acquire()  # slot 16: the prompts'
-        arms = {"before": ("before", "sdpa", False), "prefetch": ("now", "sdpa", False),
-                "kernel": ("now", "kernel", False), "fused": ("now", "kernel", True)}
-        last = {}
+        print(result["layer_us"][-1], flush=True)
+    forwards = {kind: cached_forward(w, CONTEXT, attention=kind) for kind in ("kernel", "sdpa")}
+    arms = {"before": ("before", "sdpa", False), "prefetch": ("now", "sdpa", False),
+            "kernel": ("now", "kernel", False), "fused": ("now", "kernel", True)}
+    last = {}
 
-        def timed(arm, rows, crop):
-            build, kind, on = arms[arm]
-            panels._build = lambda: builds[build]  # the linears' extension for this arm
-            fwd = forwards[kind]
-            fwd.fused = fwd.fused_rope = on
-            t0 = time.perf_counter()
-            last[arm] = torch.cat([o.logits for o in fwd(rows)])
-            dt = (time.perf_counter() - t0) * 1e3
-            for r in rows:
-                fwd.pool.crop(r.slot, crop)
-            return dt
+    def timed(arm, rows, crop):
+        build, kind, on = arms[arm]
+        panels._build = lambda: builds[build]  # the linears' extension for this arm
+        fwd = forwards[kind]
+        fwd.fused = fwd.fused_rope = on
+        t0 = time.perf_counter()
+        last[arm] = torch.cat([o.logits for o in fwd(rows)])
+        dt = (time.perf_counter() - t0) * 1e3
+        for r in rows:
+            fwd.pool.crop(r.slot, crop)
+        return dt
 
-        def gap():
-            return float((last["fused"] - last["before"]).abs().max())
+    def gap():
+        return float((last["fused"] - last["before"]).abs().max())
 
-        for B, T in PASSES:
-            rows = [Row(b, list(range(10, 10 + T)), logits_at=range(T)) for b in range(B)]
-            ms = interleaved({a: partial(timed, a, rows, CONTEXT) for a in arms}, 12, 3)
-            result["passes_ms"].append({"B": B, "T": T, **ms, "max_logit_gap": gap()})
-            print(result["passes_ms"][-1], flush=True)
-        for n in PROMPTS:
-            rows = [Row(16, list(range(7, 7 + n)), logits_at=[n - 1], chunk=True)]
-            ms = interleaved({a: partial(timed, a, rows, 0) for a in arms}, 6, 2)
-            result["prefill_ms"].append({"tokens": n, **ms, "max_logit_gap": gap()})
-            print(result["prefill_ms"][-1], flush=True)
-        panels._build = lambda: builds["now"]
+    result |= sweep(timed, list(arms), PASSES, PROMPTS, CONTEXT, gap)
+    panels._build = lambda: builds["now"]
     (HERE / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"One layer's attention (µs, {CONTEXT} cached tokens):", "",
              "| B x T | kernel | SDPA (padded group, mask) | kernel / SDPA |", "| --- | --- | --- | --- |"]

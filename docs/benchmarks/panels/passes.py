@@ -15,7 +15,6 @@ Writes result.json and result.md next to this file.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from functools import partial
 from pathlib import Path
@@ -23,8 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.passes import cached_forward, interleaved, sweep
 from specdec.engine.loading import load_target
-from specdec.runtime import Forward, KVPool, Row, Weights
+from specdec.runtime import Weights
 from specdec.runtime.panels import linear as panel_linear
 from specdec.runtime.weights import packed_linear
 
@@ -56,67 +56,37 @@ def linears_ms(projs: list, kind: str, rows: int) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def interleaved(arms: dict, repeats: int, warm: int) -> dict[str, float]:
-    """Each arm (a call returning its ms) run in turn, ``warm`` + ``repeats`` times."""
-    times = {name: [] for name in arms}
-    for i in range(warm + repeats):
-        for name, arm in arms.items():
-            dt = arm()
-            if i >= warm:
-                times[name].append(dt)
-    return {name: round(statistics.median(t), 2) for name, t in times.items()}
-
-
 def main() -> None:
     torch.set_num_threads(2)
     target = load_target("smollm2-135m", dtype="float32", kv_slots=1)
     weights = {"panels": target.runtime.w, "torch": Weights.from_hf(target.model, panels=False)}
     assert weights["panels"].lm_head.panels is not None, "the panel kernel does not run here"
-    s = weights["panels"].shape
     with_panels, with_torch = (projections(weights[k]) for k in ("panels", "torch"))
     kinds = {"panels": with_panels, "onednn_packed": with_torch, "x @ wt": with_torch,
              "F.linear": with_torch}
-    result = {"linears_ms": [], "passes_ms": [], "prefill_ms": []}
+    result = {"linears_ms": []}
     with torch.inference_mode():
         for rows in ROWS:
             ms = interleaved({k: partial(linears_ms, p, k, rows) for k, p in kinds.items()}, 8, 2)
             result["linears_ms"].append({"rows": rows, **ms})
             print(result["linears_ms"][-1], flush=True)
+    forwards = {name: cached_forward(w, CONTEXT) for name, w in weights.items()}
+    last = {}
 
-        forwards = {}
-        for name, w in weights.items():
-            pool = KVPool(s.layers, 17, s.kv_heads, s.max_len, s.head_dim, torch.float32)
-            forwards[name] = Forward(w, pool)
-            for _ in range(16):
-                slot = pool.acquire()
-                forwards[name]([Row(slot, list(range(5, 5 + CONTEXT)), logits_at=[CONTEXT - 1],
-                                    chunk=True)])
-            pool.acquire()  # slot 16: the prompts'
-        last = {}
+    def timed(name, rows, crop):
+        fwd = forwards[name]
+        t0 = time.perf_counter()
+        last[name] = fwd(rows)
+        dt = (time.perf_counter() - t0) * 1e3
+        for r in rows:
+            fwd.pool.crop(r.slot, crop)
+        return dt
 
-        def timed(name, rows, crop):
-            fwd = forwards[name]
-            t0 = time.perf_counter()
-            last[name] = fwd(rows)
-            dt = (time.perf_counter() - t0) * 1e3
-            for r in rows:
-                fwd.pool.crop(r.slot, crop)
-            return dt
+    def gap():
+        return max(float((a.logits - b.logits).abs().max())
+                   for a, b in zip(last["panels"], last["torch"], strict=True))
 
-        def gap():
-            return max(float((a.logits - b.logits).abs().max())
-                       for a, b in zip(last["panels"], last["torch"], strict=True))
-
-        for B, T in PASSES:
-            rows = [Row(b, list(range(10, 10 + T)), logits_at=range(T)) for b in range(B)]
-            ms = interleaved({n: partial(timed, n, rows, CONTEXT) for n in forwards}, 10, 3)
-            result["passes_ms"].append({"B": B, "T": T, **ms, "max_logit_gap": gap()})
-            print(result["passes_ms"][-1], flush=True)
-        for n in PROMPTS:
-            rows = [Row(16, list(range(7, 7 + n)), logits_at=[n - 1], chunk=True)]
-            ms = interleaved({m: partial(timed, m, rows, 0) for m in forwards}, 5, 2)
-            result["prefill_ms"].append({"tokens": n, **ms, "max_logit_gap": gap()})
-            print(result["prefill_ms"][-1], flush=True)
+    result |= sweep(timed, list(forwards), PASSES, PROMPTS, CONTEXT, gap)
     (HERE / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["Linears of one pass (ms, the layers' four projections):", "",
              "| rows | " + " | ".join(kinds) + " |", "|" + " --- |" * (len(kinds) + 1)]
