@@ -11,14 +11,20 @@ runtime says so once and runs torch's own kernels.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import platform
+import shutil
+import sys
+import time
 from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
+STALE_LOCK_S = 600  # a build takes about 25 s; a lock this old was left by a killed build
 
 # OpenMP: at::parallel_for's threads, which resolve to the libgomp torch already loaded, so
 # torch.set_num_threads bounds them. No contraction of a product and a sum into one fused
@@ -46,10 +52,49 @@ def build(source: Path):
         return "the CPU has no AVX-512"
     try:
         from torch.utils.cpp_extension import load
-        return load(f"specdec_{source.stem}", [str(source)], extra_cflags=FLAGS,
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        name = f"specdec_{source.stem}"
+        clear_stale_lock(name)
+        with own_ninja():
+            return load(name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                        verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
         return f"building {source.name} failed: {type(e).__name__}: {e}"
+
+
+@contextlib.contextmanager
+def own_ninja():
+    """Build with the ninja beside this Python (the venv's) where there is one, whatever the
+    PATH: two ninjas (the venv's 1.13 and the system's 1.11 here) hash a build's command
+    differently, so a shell with the venv activated and ``make``'s bare ``.venv/bin/python``
+    each rebuilt what the other had built, 25 s a kernel a load (seen 2026-12-04)."""
+    here = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if not shutil.which("ninja", path=here):
+        yield
+        return
+    os.environ["PATH"] = here + os.pathsep + path
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
+
+
+def clear_stale_lock(name: str) -> None:
+    """Remove the build lock of extension ``name`` when it is older than any build: torch waits
+    on that file for as long as it exists, so a build killed midway (a Ctrl-C, a timeout) left
+    every later load of the kernel hanging, without a word (seen 2026-12-04)."""
+    from torch.utils import cpp_extension
+    try:
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+    except AttributeError:  # another torch: its own rules
+        return
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("removing the stale build lock %s (%.0f s old)", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 def unavailable(source: Path) -> str | None:

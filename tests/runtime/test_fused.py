@@ -104,3 +104,23 @@ def test_a_float32_forward_on_the_fused_ops_equals_transformers():
         want = model(input_ids=torch.tensor([ids[0] + ids[2]])).logits[0]
     torch.testing.assert_close(outs[True], want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(outs[True], outs[False], rtol=1e-4, atol=1e-4)
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+    """A build killed midway leaves torch's lock file, on which every later load waits for as
+    long as it exists: one older than any build goes, a fresh one (a build running) stays."""
+    import os
+    import time
+
+    from specdec.runtime import kernels
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "specdec_probe" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    kernels.clear_stale_lock("specdec_probe")
+    assert lock.exists()
+    old = time.time() - kernels.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    kernels.clear_stale_lock("specdec_probe")
+    assert not lock.exists()
