@@ -4,7 +4,7 @@ element-wise ops (``fused``).
 
 Each is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
-``make setup`` builds both (``make kernels``: ``main`` below), so serving starts warm. Where one
+``make setup`` builds all three (``make kernels``: ``main`` below), so serving starts warm. Where one
 cannot be had (another CPU, no compiler, a failed build) ``build`` returns the reason, and the
 runtime says so once and runs torch's own kernels.
 """

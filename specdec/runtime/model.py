@@ -375,15 +375,19 @@ def kernel_group(rows: Sequence[Row], lengths: Sequence[int], members: list[int]
     for b in members:
         r, c, n = rows[b], lengths[b], len(rows[b].ids)
         table.append((start, n, r.slot, c))
-        sees = r.ancestors if r.ancestors is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        positions.append(c + sees.sum(-1) - 1)
+        if r.ancestors is None:  # causal: token t at c + t
+            positions += range(c, c + n)
+            sees = torch.ones(n, n, dtype=torch.bool).tril() if tree else None
+        else:  # a node at its depth
+            sees = r.ancestors
+            positions += (c + sees.sum(-1) - 1).tolist()
         if tree:
             seen.append(F.pad(sees, (0, SHORT - n)))
         start += n
     seen = torch.cat(seen).to(torch.uint8) if tree else torch.empty(0, dtype=torch.uint8)
     group = Group(members, 0, start, max(len(rows[b].ids) for b in members), 0, None, (0, 0), None,
                   table=(torch.tensor(table, dtype=torch.long), seen))
-    return group, torch.cat(positions).to(device)
+    return group, torch.tensor(positions, dtype=torch.long, device=device)
 
 
 def plan_groups(rows: Sequence[Row], lengths: Sequence[int], device,
