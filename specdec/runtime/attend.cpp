@@ -193,11 +193,11 @@ Run pick(int64_t d) {
 
 }  // namespace
 
-// q [N, h, d] float32 (the short rows' new tokens, flat; its rows may be strided); k_cache and
-// v_cache [slots, kvh, L, d]; rows [R, 4] int64: (first flat token, new tokens n, slot, cached tokens c) of each row, the
-// rows' tokens together exactly q's N; seen [N, S] uint8, S >= every n: seen[i, u] says whether
-// flat token i sees new token u of its row (empty: every earlier one and itself). Every new key
-// and value must be in the caches already. Returns [N, h * d].
+// q [N, h, d] float32: the short rows' new tokens, flat (its rows may be strided); k_cache and
+// v_cache [slots, kvh, L, d]; rows [R, 4] int64: (first flat token, new tokens n, slot, cached
+// tokens c) of each row, the rows' tokens together exactly q's N; seen [N, S] uint8, S >= every
+// n: seen[i, u] says whether flat token i sees new token u of its row (empty: every earlier one
+// and itself). Every new key and value must be in the caches already. Returns [N, h * d].
 torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                      torch::Tensor rows, torch::Tensor seen, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.device().is_cpu(),
