@@ -115,9 +115,10 @@ class ServeArgs(Strict):
     # per_query are logged as unused by targets that are not batch invariant (a config with
     # dtype auto may be batch invariant on one machine only)
     attention: Literal[ATTENTION_NAMES] = "auto"
-    # the target's linears (specdec.runtime.weights.panels_flag): auto: specdec's panel kernel
-    # for float32 on an AVX-512 CPU where it builds, else torch's; panels: that kernel or an
-    # error at load; torch: oneDNN's and MKL's
+    # the target's linears (specdec.runtime.weights.linear_flags): auto: for float32 on an
+    # AVX-512 CPU where it builds, specdec's panel kernel, run from the model's GGUF codes where
+    # it has them (a named source), else from float32 panels; else torch's. quantized and
+    # panels: those or an error at load; torch: oneDNN's and MKL's
     linears: Literal[LINEARS] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()

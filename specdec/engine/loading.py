@@ -51,7 +51,7 @@ def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float3
     """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime it
     holds at most ``kv_slots`` requests' KV caches at once and, batch invariant, attends the
     ``attention`` way (``specdec.runtime.model.ATTENTIONS``; auto: its probe decides); its
-    ``linears`` as ``specdec.runtime.weights.panels_flag`` reads them."""
+    ``linears`` as ``specdec.runtime.weights.linear_flags`` reads them."""
     taps = target_taps(drafter_ref, block_drafter)
     return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=taps, device=device,
                                        pool_size=kv_slots, attention=attention, linears=linears)

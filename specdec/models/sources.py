@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.models import gguf_blocks
+
 
 def specdec_home() -> Path:
     """Where specdec caches models and its MLflow store (``$SPECDEC_HOME``, default ``./.specdec``)."""
@@ -119,10 +121,16 @@ def resolve(ref: str) -> str:
 
 
 def prepare(name: str) -> Path:
-    """Build the named source's safetensors cache once (about 25 s), then reuse it."""
+    """Build the named source's safetensors cache once (about 25 s), then reuse it. Beside the
+    float32 weights it keeps the GGUF's quantized blocks (``gguf_blocks``); a cache built
+    before that gains them on its next use."""
     source = NAMED_SOURCES[name]
     out = specdec_home() / "models" / name
     if (out / "model.safetensors").is_file() and (out / "tokenizer_config.json").is_file():
+        if not (out / gguf_blocks.SIDECAR).is_file():
+            from transformers import AutoConfig
+            gguf_blocks.write(source.gguf_dir() / source.gguf_file,
+                              AutoConfig.from_pretrained(out), out / gguf_blocks.SIDECAR)
         return out
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -140,5 +148,6 @@ def prepare(name: str) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     fresh.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    gguf_blocks.write(gguf_dir / gguf, config, tmp / gguf_blocks.SIDECAR)
     tmp.rename(out)
     return out

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from specdec.models import gguf_blocks
 from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_device, parse_dtype, resolve
 from specdec.runtime import Forward, KVPool, Row, Weights, unsupported
 from specdec.runtime.model import ATTENTIONS
-from specdec.runtime.weights import panels_flag
+from specdec.runtime.weights import linear_flags
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "runtime", "transformers")
@@ -68,7 +69,10 @@ class TargetModel:
     """Prefill, extend by k tokens, crop; logits and hidden-state taps of every new position."""
 
     def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = (), backend: str = "auto",
-                 pool_size: int = 8, attention: str = "auto", linears: str = "auto"):
+                 pool_size: int = 8, attention: str = "auto", linears: str = "auto",
+                 blocks: dict[str, gguf_blocks.Blocks] | None = None):
+        """``linears``: as ``linear_flags`` reads them; ``blocks``: the GGUF blocks of the
+        model's linears (``gguf_blocks.load``), which the quantized linears run."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         config = model.config
@@ -85,7 +89,8 @@ class TargetModel:
         self.backend = pick_backend(config, backend)
         self.runtime: Forward | None = None
         if self.backend == "runtime":
-            weights = Weights.from_hf(model, panels=panels_flag(linears))
+            weights = Weights.from_hf(model, blocks=blocks,
+                                      **linear_flags(linears, blocks is not None))
             s = weights.shape
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
                           self.dtype, self.device)
@@ -106,8 +111,9 @@ class TargetModel:
             path, dtype=parse_dtype(dtype, device), use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
+        blocks = gguf_blocks.load(path) if linears in ("auto", "quantized") else None
         return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
-                   attention=attention, linears=linears)
+                   attention=attention, linears=linears, blocks=blocks)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

@@ -24,6 +24,10 @@ docs/BENCHMARKS.md):
   On the 2-core Xeon without AMX (2026-12-04) it took a whole pass of 8 decodes from 48.1 to
   41.0 ms and left one decode as it was, 25.6 against 25.4 ms (docs/benchmarks/panels/); and each
   row's outputs are then its outputs alone, in any batch.
+- float32 with the GGUF's quantized blocks beside the weights (``specdec.models.gguf_blocks``,
+  the named sources) and the panel kernel: also the panels' codes (``specdec.runtime.qpanels``),
+  each checked at load to decode bitwise to its float32 weight, for passes of a few rows; their
+  outputs are bitwise the float32 panels', so which of the two a pass runs on never shows.
 ``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here,
 ``can_pack``). The ``[out, in]`` weight itself stays for everything else (float64, GPUs, and
 the HF model, which shares its storage).
@@ -35,32 +39,44 @@ divided by ``factor`` (linear) or smoothly rescaled by wavelength (llama3, Meta'
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from specdec.models.gguf_blocks import Blocks
 from specdec.runtime import panels as panel_kernel
+from specdec.runtime import qpanels
+
+log = logging.getLogger(__name__)
 
 FAMILY = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 SINGLE_ROW_COPY = {torch.float32: True, torch.bfloat16: False, torch.float64: False}
 PACK = {torch.float32: True, torch.bfloat16: True, torch.float64: False}
 PANELS = {torch.float32: True}  # where the panel kernel runs (``panels.usable``), it replaces both
-LINEARS = ("auto", "panels", "torch")  # a config's choice; ``panels_flag`` reads it
+LINEARS = ("auto", "quantized", "panels", "torch")  # a config's choice; ``linear_flags`` reads it
 
 
-def panels_flag(linears: str) -> bool | None:
-    """``Weights.from_hf``'s ``panels`` for a config's ``linears``: auto (None) the panel kernel
-    for float32 where it runs here, panels (True) the panel kernel or an error saying why it
-    cannot run here, torch (False) oneDNN's and MKL's linears."""
+def linear_flags(linears: str, blocks: bool = False) -> dict:
+    """``Weights.from_hf``'s ``panels`` and ``quantized`` for a config's ``linears``, ``blocks``
+    saying whether the model has its GGUF's blocks beside it: auto the quantized panels where
+    there are blocks, else the float32 panels, for float32 where the kernel runs here (None:
+    as measured fastest); quantized and panels those or an error saying why they cannot run
+    here; torch oneDNN's and MKL's linears."""
     if linears not in LINEARS:
         raise ValueError(f"linears must be one of {list(LINEARS)}, not {linears!r}")
-    reason = panel_kernel.unavailable() if linears == "panels" else None
+    reason = panel_kernel.unavailable() if linears in ("quantized", "panels") else None
     if reason:
-        raise ValueError(f"linears: panels cannot run here: {reason}")
-    return {"auto": None, "panels": True, "torch": False}[linears]
+        raise ValueError(f"linears: {linears} cannot run here: {reason}")
+    if linears == "quantized" and not blocks:
+        raise ValueError("linears: quantized needs the model's GGUF blocks "
+                         "(a named source keeps them), and this model has none")
+    return {"auto": dict(panels=None, quantized=blocks), "quantized": dict(panels=True, quantized=True),
+            "panels": dict(panels=True, quantized=False),
+            "torch": dict(panels=False, quantized=False)}[linears]
 
 
 def can_pack(w: torch.Tensor) -> bool:
@@ -183,11 +199,15 @@ class Proj:
     # oneDNN-packed w: float32's multi-row passes, bfloat16's every pass (CPU; module docstring)
     packed: torch.Tensor | None = None
     panels: torch.Tensor | None = None  # w as the panel kernel's panels: float32's every pass
+    codes: qpanels.QPanels | None = None  # w's GGUF codes as panels, beside ``panels``
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> [..., out]: the panel kernel where w has panels, else oneDNN's linear
-        on the packed copy where there is one, else ``F.linear`` (one call, whatever the number
-        of rows)."""
+        """x [..., in] -> [..., out]: the panel kernel on the codes for passes of at most
+        ``qpanels.ROWS`` rows and on the panels for longer ones (bitwise the same outputs),
+        where w has them; else oneDNN's linear on the packed copy where there is one, else
+        ``F.linear`` (one call, whatever the number of rows)."""
+        if self.codes is not None and x.numel() <= qpanels.ROWS * x.shape[-1]:
+            return qpanels.linear(x, self.codes, self.w.shape[0], self.bias)
         if self.panels is not None:
             return panel_kernel.linear(x, self.panels, self.w.shape[0], self.bias)
         if self.packed is not None:
@@ -195,11 +215,29 @@ class Proj:
         return F.linear(x, self.w, self.bias)
 
     @classmethod
-    def of(cls, w: torch.Tensor, bias: torch.Tensor | None, layout: Layout) -> Proj:
+    def of(cls, w: torch.Tensor, bias: torch.Tensor | None, layout: Layout,
+           blocks: Blocks | None = None, name: str = "") -> Proj:
+        """``blocks``: w as its GGUF holds it, run as codes where the layout says so and they
+        decode bitwise to w (``name`` says which weight in the log when they do not)."""
         if layout.panels and panel_kernel.usable(w):
-            return cls(w, None, bias, panels=panel_kernel.pack(w))
+            codes = quantized_panels(w, blocks, name) if layout.quantized else None
+            return cls(w, None, bias, panels=panel_kernel.pack(w), codes=codes)
         return cls(w, w.t().contiguous() if layout.single_row_copy else None, bias,
                    packed_weight(w) if layout.pack and can_pack(w) else None)
+
+
+def quantized_panels(w: torch.Tensor, blocks: Blocks | None, name: str) -> qpanels.QPanels | None:
+    """The codes of w as panels, or None (logged) when there are none or they do not decode
+    bitwise to w."""
+    if blocks is None:
+        log.warning("%s has no GGUF blocks: it runs on float32 panels", name)
+        return None
+    codes = qpanels.pack(blocks, w.shape[0])
+    if not qpanels.matches(codes, w):
+        log.warning("%s: its GGUF blocks do not decode to its weight: it runs on float32 panels",
+                    name)
+        return None
+    return codes
 
 
 @dataclass(frozen=True)
@@ -210,13 +248,16 @@ class Layout:
     single_row_copy: bool  # the [in, out] copy for single-row passes
     pack: bool  # the oneDNN-packed copy (where ``can_pack``)
     panels: bool = False  # the panel kernel's copy in place of both (where ``panels.usable``)
+    quantized: bool = False  # with ``panels``: the GGUF codes in place of the float32 panels
 
     @classmethod
     def for_dtype(cls, dtype: torch.dtype, single_row_copy: bool | None = None,
-                  pack: bool | None = None, panels: bool | None = None) -> Layout:
+                  pack: bool | None = None, panels: bool | None = None,
+                  quantized: bool = False) -> Layout:
         def pick(table, flag):
             return table.get(dtype, False) if flag is None else flag
-        return cls(pick(SINGLE_ROW_COPY, single_row_copy), pick(PACK, pack), pick(PANELS, panels))
+        return cls(pick(SINGLE_ROW_COPY, single_row_copy), pick(PACK, pack), pick(PANELS, panels),
+                   quantized)
 
 
 @dataclass(frozen=True)
@@ -243,36 +284,64 @@ class Weights:
 
     @classmethod
     def from_hf(cls, model, single_row_copy: bool | None = None, pack: bool | None = None,
-                panels: bool | None = None) -> Weights:
-        """The three flags pick the extra weight copies (``Layout``); None: as measured fastest."""
+                panels: bool | None = None, quantized: bool = False,
+                blocks: dict[str, Blocks] | None = None) -> Weights:
+        """The flags pick the extra weight copies (``Layout``); None: as measured fastest.
+        ``blocks``: the GGUF blocks of the model's linears by parameter name, which
+        ``quantized`` runs."""
         config = model.config
         reason = unsupported(config)
         if reason:
             raise ValueError(f"the runtime cannot run this model: {reason}")
         shape = Shape.from_config(config)
         dtype = next(model.parameters()).dtype
-        layout = Layout.for_dtype(dtype, single_row_copy, pack, panels)
-        layers = tuple(hf_layer(block, layout) for block in model.model.layers)
+        layout = Layout.for_dtype(dtype, single_row_copy, pack, panels, quantized)
+        linears = Linears(layout, blocks or {}, {m: n for n, m in model.named_modules()})
+        layers = tuple(hf_layer(block, linears) for block in model.model.layers)
         cos, sin = rope_table(config, shape.head_dim, shape.max_len, dtype)
         device = model.model.embed_tokens.weight.device
-        head = model.get_output_embeddings().weight.detach()
         return cls(shape, model.model.embed_tokens.weight.detach(), layers,
-                   model.model.norm.weight.detach(),
-                   Proj.of(head, None, layout),
+                   model.model.norm.weight.detach(), linears.head(model),
                    cos.to(device), signed(sin).to(device))
 
 
-def fuse(linears, layout: Layout) -> Proj:
-    """Concatenate the outputs of ``linears`` into one projection; the modules keep views of it."""
-    with torch.no_grad():
-        w = torch.cat([m.weight.detach() for m in linears]).contiguous()  # [out, in]
-        for m, part in zip(linears, w.split([m.out_features for m in linears]), strict=True):
-            m.weight.data = part  # the HF model shares the fused storage
-    bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears])
-    return Proj.of(w, bias, layout)
+@dataclass(frozen=True)
+class Linears:
+    """How ``Weights.from_hf`` builds a model's projections: the layout, the GGUF blocks by
+    parameter name, and each module's name."""
+
+    layout: Layout
+    blocks: dict[str, Blocks]
+    names: dict  # module -> its name in the model
+
+    def fuse(self, modules) -> Proj:
+        """Concatenate the outputs of ``modules`` into one projection (their blocks' rows too);
+        the modules keep views of it."""
+        with torch.no_grad():
+            w = torch.cat([m.weight.detach() for m in modules]).contiguous()  # [out, in]
+            for m, part in zip(modules, w.split([m.out_features for m in modules]), strict=True):
+                m.weight.data = part  # the HF model shares the fused storage
+        bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
+        names = [f"{self.names[m]}.weight" for m in modules]
+        return Proj.of(w, bias, self.layout, self.joined(names), " + ".join(names))
+
+    def joined(self, names: list[str]) -> Blocks | None:
+        """The blocks of these weights stacked by rows, or None unless all have them in one
+        format."""
+        parts = [self.blocks.get(n) for n in names]
+        if not self.layout.quantized or None in parts or len({p.format for p in parts}) != 1:
+            return None
+        return Blocks(parts[0].format, torch.cat([p.data for p in parts]))
+
+    def head(self, model) -> Proj:
+        """The lm_head (tied: the embedding, and the embedding's blocks)."""
+        w = model.get_output_embeddings().weight.detach()
+        tied = w.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        return Proj.of(w, None, self.layout, self.joined([name]), name)
 
 
-def hf_layer(block, layout: Layout) -> Layer:
+def hf_layer(block, linears: Linears) -> Layer:
     attn, mlp = block.self_attn, block.mlp
 
     def norm(name):
@@ -280,8 +349,8 @@ def hf_layer(block, layout: Layout) -> Layer:
         return None if module is None else module.weight.detach()
 
     return Layer(block.input_layernorm.weight.detach(),
-                 fuse([attn.q_proj, attn.k_proj, attn.v_proj], layout),
-                 norm("q_norm"), norm("k_norm"), fuse([attn.o_proj], layout),
+                 linears.fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                 norm("q_norm"), norm("k_norm"), linears.fuse([attn.o_proj]),
                  block.post_attention_layernorm.weight.detach(),
-                 fuse([mlp.gate_proj, mlp.up_proj], layout),
-                 fuse([mlp.down_proj], layout))
+                 linears.fuse([mlp.gate_proj, mlp.up_proj]),
+                 linears.fuse([mlp.down_proj]))

@@ -70,12 +70,12 @@ def test_a_config_picks_the_linears_and_a_bad_choice_names_the_field():
     from pydantic import ValidationError
 
     from cluster.schema import ServeArgs
-    from specdec.runtime.weights import panels_flag
+    from specdec.runtime.weights import linear_flags
 
-    assert panels_flag("auto") is None and panels_flag("panels") is True
-    assert panels_flag("torch") is False
+    assert linear_flags("panels") == {"panels": True, "quantized": False}
+    assert linear_flags("torch", blocks=True) == {"panels": False, "quantized": False}
     with pytest.raises(ValueError, match="linears must be one of"):
-        panels_flag("mkl")
+        linear_flags("mkl")
     assert ServeArgs(target="t", linears="torch").linears == "torch"
     with pytest.raises(ValidationError, match="linears"):
         ServeArgs(target="t", linears="mkl")
