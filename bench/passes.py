@@ -8,6 +8,7 @@ and says nothing about serving.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -41,6 +42,23 @@ def cached_forward(weights: Weights, context: int, **options) -> Forward:
                  chunk=True)])
     pool.acquire()
     return fwd
+
+
+def timer(forwards: dict[str, Forward]) -> tuple[Callable[[str, list[Row], int], float], dict]:
+    """``sweep``'s ``timed`` over these forwards (by arm), and a dict of each arm's last
+    outputs, for its ``gap``."""
+    last = {}
+
+    def timed(name: str, rows: list[Row], crop: int) -> float:
+        fwd = forwards[name]
+        t0 = time.perf_counter()
+        last[name] = fwd(rows)
+        dt = (time.perf_counter() - t0) * 1e3
+        for r in rows:
+            fwd.pool.crop(r.slot, crop)
+        return dt
+
+    return timed, last
 
 
 def sweep(timed: Callable[[str, list[Row], int], float], arms: Sequence[str],

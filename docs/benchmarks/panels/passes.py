@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.passes import cached_forward, interleaved, sweep
+from bench.passes import cached_forward, interleaved, sweep, timer
 from specdec.engine.loading import load_target
 from specdec.runtime import Weights
 from specdec.runtime.panels import linear as panel_linear
@@ -71,16 +71,7 @@ def main() -> None:
             result["linears_ms"].append({"rows": rows, **ms})
             print(result["linears_ms"][-1], flush=True)
     forwards = {name: cached_forward(w, CONTEXT) for name, w in weights.items()}
-    last = {}
-
-    def timed(name, rows, crop):
-        fwd = forwards[name]
-        t0 = time.perf_counter()
-        last[name] = fwd(rows)
-        dt = (time.perf_counter() - t0) * 1e3
-        for r in rows:
-            fwd.pool.crop(r.slot, crop)
-        return dt
+    timed, last = timer(forwards)
 
     def gap():
         return max(float((a.logits - b.logits).abs().max())
