@@ -9,7 +9,13 @@ second. Three measured things price it:
   float32 Xeon without AMX a row cost 1.2 ms over a 46 ms step of 8 decodes (docs/BENCHMARKS.md,
   2026-12-03); on the AMX Xeon in bfloat16, rows were almost free up to the 32 a batch-invariant
   linear takes at once, then a second piece cost another read of the weights.
-- ``Goodput.rate``: the tokens the recent steps committed per second of step time.
+- ``Goodput.rate``: the tokens the recent steps committed per second of step time spent on
+  them: a prompt chunk's share (its tokens' cost on ``StepCost``) is left out, since a prompt is
+  prefilled whether its neighbours draft or not. Counted in, it priced the target's time at what
+  decoding and prefilling together make of it: at 8 clients on the AMD EPYC with int8 linears
+  (docs/BENCHMARKS.md, 2026-12-04) prompt chunks filled about 45% of the steps, the rate read
+  half what decoding made, and no draft was cut where verifying the suffix drafts' tokens cost
+  more than they saved.
 - A draft token's chance to be committed: the drafter's own confidence where it gives one (the
   suffix tree's path probability), scaled by how the drafts' confidence has matched what was
   accepted; else the rate at which tokens at its depth were accepted.
@@ -111,8 +117,11 @@ class Goodput:
         """Accepted tokens per unit of the drafts' confidence."""
         return (self.accepted + PRIOR) / (self.expected + PRIOR)
 
-    def step(self, tokens: int, seconds: float) -> None:
-        """A step that committed ``tokens`` in ``seconds``; the older steps fade."""
+    def step(self, tokens: int, seconds: float, fed: int = 0, prefilled: int = 0) -> None:
+        """A step that committed ``tokens`` in ``seconds``, feeding ``fed`` tokens of rounds and
+        ``prefilled`` of prompt chunks (whose cost is taken off); the older steps fade."""
+        if prefilled:
+            seconds = max(0.0, seconds - (self.cost(fed + prefilled) - self.cost(fed)))
         self.tokens = DECAY * self.tokens + tokens
         self.seconds = DECAY * self.seconds + seconds
         self.expected *= DECAY

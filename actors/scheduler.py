@@ -422,12 +422,14 @@ class TargetScheduler(BatchLoop):
         return batch
 
     def _observe(self, drafts: dict[str, Draft], verified: dict[str, RoundResult],
-                 seconds: float) -> None:
-        """What the step did, for the goodput: each draft's acceptance, the tokens committed."""
+                 seconds: float, prefilled: int) -> None:
+        """What the step did, for the goodput: each draft's acceptance, the tokens committed and
+        the rounds' and prompt chunks' tokens it fed."""
         for rid, result in verified.items():
             d = drafts[rid]
             self.goodput.round(d.confidence, len(d.tokens), result.accepted)
-        self.goodput.step(sum(len(r.tokens) for r in verified.values()), seconds)
+        self.goodput.step(sum(len(r.tokens) for r in verified.values()), seconds,
+                          fed=sum(len(d.tokens) + 1 for d in drafts.values()), prefilled=prefilled)
 
     def finishes(self, w: Work, n: int) -> bool:
         return not isinstance(w.payload, OpenRequest) or w.fed + n >= len(w.payload.prompt_ids)
@@ -457,7 +459,8 @@ class TargetScheduler(BatchLoop):
             w.fed += n
         out = self.worker.step(prefill, drafts)
         if self.goodput is not None:
-            self._observe(drafts, out.verified, time.perf_counter() - started)
+            self._observe(drafts, out.verified, time.perf_counter() - started,
+                          sum(prefill.values()))
         results: dict = {**failed, **out.failed}
         for rid, features in out.opened.items():
             results[rid] = self._opened(rid, opens[rid], features)

@@ -116,9 +116,10 @@ class ServeArgs(Strict):
     # dtype auto may be batch invariant on one machine only)
     attention: Literal[ATTENTION_NAMES] = "auto"
     # the target's linears (specdec.runtime.weights.linear_flags): auto: for float32 on an
-    # AVX-512 CPU where it builds, specdec's panel kernel, run from the model's GGUF codes where
-    # it has them (a named source), else from float32 panels; else torch's. quantized and
-    # panels: those or an error at load; torch: oneDNN's and MKL's
+    # AVX-512 CPU where it builds, a model with GGUF codes (a named source) runs them times int8
+    # rows (runtime.int8: AVX-512 VNNI; llama.cpp's numerics) or else bitwise as float32
+    # (runtime.qpanels), a model without them specdec's float32 panels; else torch's. int8,
+    # quantized and panels: those or an error at load; torch: oneDNN's and MKL's
     linears: Literal[LINEARS] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()

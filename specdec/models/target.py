@@ -111,7 +111,7 @@ class TargetModel:
             path, dtype=parse_dtype(dtype, device), use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        blocks = gguf_blocks.load(path) if linears in ("auto", "quantized") else None
+        blocks = gguf_blocks.load(path) if linears in ("auto", "int8", "quantized") else None
         return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
                    attention=attention, linears=linears, blocks=blocks)
 

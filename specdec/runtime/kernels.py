@@ -1,10 +1,10 @@
 """Building specdec's C++ kernels for x86 CPUs with AVX-512: the float32 panel linear
-(``panels``), the float32 attention of short rows (``attend``) and the fused float32
-element-wise ops (``fused``).
+(``panels``), the linear on GGUF codes and int8 rows (``int8``, with AVX-512 VNNI), the float32
+attention of short rows (``attend``) and the fused float32 element-wise ops (``fused``).
 
 Each is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
-``make setup`` builds all three (``make kernels``: ``main`` below), so serving starts warm. Where one
+``make setup`` builds all four (``make kernels``: ``main`` below), so serving starts warm. Where one
 cannot be had (another CPU, no compiler, a failed build) ``build`` returns the reason, and the
 runtime says so once and runs torch's own kernels.
 """
@@ -43,20 +43,22 @@ def cpu_flags() -> set[str]:
 
 
 @functools.cache
-def build(source: Path):
+def build(source: Path, needs: tuple[str, ...] = ()):
     """The extension compiled from ``source`` (named ``specdec_<stem>``), or the reason it
-    cannot be had here (a str)."""
+    cannot be had here (a str). ``needs``: CPU features beyond AVX-512F it is compiled for
+    (cpuinfo's names: ``avx512_vnni`` is gcc's ``-mavx512vnni``)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return f"the CPU is {platform.machine()}, not x86-64"
-    if "avx512f" not in cpu_flags():
-        return "the CPU has no AVX-512"
+    missing = [f for f in ("avx512f", *needs) if f not in cpu_flags()]
+    if missing:
+        return f"the CPU has no {' / '.join(missing)}"
     try:
         from torch.utils.cpp_extension import load
         name = f"specdec_{source.stem}"
         clear_stale_lock(name)
         with own_ninja():
-            return load(name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                        verbose=False)
+            return load(name, [str(source)], extra_cflags=FLAGS + [f"-m{f.replace('_', '')}" for f in needs],
+                        extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
         return f"building {source.name} failed: {type(e).__name__}: {e}"
 
@@ -123,7 +125,8 @@ def _warn(what: str, reason: str, instead: str) -> None:
 def main() -> None:
     """Build and check every kernel now (``make kernels``), so the first model load does not
     wait for a build."""
-    from specdec.runtime import attend, fused, panels
+    from specdec.runtime import attend, fused, int8, panels
     panels.main()
+    int8.main()
     attend.main()
     fused.main()

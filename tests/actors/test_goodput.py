@@ -68,6 +68,22 @@ def test_the_goodput_prices_by_calibrated_confidence_and_by_depth():
     assert g.values(2, None) == pytest.approx([0.5, 0.25], abs=0.01)
 
 
+def test_the_rate_leaves_out_what_the_steps_prompt_chunks_cost():
+    """A step of 8 decodes and a 100-token prompt chunk: the chunk's tokens cost 0.1 s on the
+    step cost, so the 8 tokens count against the rest of the step's 0.15 s."""
+    cost = StepCost((1, 201), (0.01, 0.21))  # 1 ms a token past the first
+    alone, shared = Goodput(cost), Goodput(cost)
+    for _ in range(200):
+        alone.step(8, 0.05, fed=8)
+        shared.step(8, 0.15, fed=8, prefilled=100)
+    assert shared.rate == pytest.approx(alone.rate, rel=0.01)
+    assert alone.rate == pytest.approx(160, rel=0.02)
+    spent = Goodput(cost)
+    for _ in range(200):  # a chunk dearer than its step: the step counts no seconds
+        spent.step(8, 0.01, fed=8, prefilled=100)
+    assert spent.seconds == 0.0 and spent.rate > 1000
+
+
 def test_the_step_cost_is_measured_on_the_runtime_and_gives_its_slot_back(tiny_llama):
     target = load_target(tiny_llama["target"], dtype="float64", kv_slots=2)
     pool = target.runtime.pool

@@ -72,8 +72,9 @@ def test_a_config_picks_the_linears_and_a_bad_choice_names_the_field():
     from cluster.schema import ServeArgs
     from specdec.runtime.weights import linear_flags
 
-    assert linear_flags("panels") == {"panels": True, "quantized": False}
-    assert linear_flags("torch", blocks=True) == {"panels": False, "quantized": False}
+    assert linear_flags("panels") == {"panels": True, "quantized": False, "int8": False}
+    assert linear_flags("torch", blocks=True) == {"panels": False, "quantized": False,
+                                                  "int8": False}
     with pytest.raises(ValueError, match="linears must be one of"):
         linear_flags("mkl")
     assert ServeArgs(target="t", linears="torch").linears == "torch"

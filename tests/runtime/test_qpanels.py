@@ -144,9 +144,13 @@ def test_codes_that_do_not_decode_to_the_weight_are_not_run(caplog):
 
 
 def test_a_config_asks_for_the_codes_and_is_told_when_there_are_none():
-    assert linear_flags("auto", blocks=True) == {"panels": None, "quantized": True}
-    assert linear_flags("auto") == {"panels": None, "quantized": False}
-    assert linear_flags("quantized", blocks=True) == {"panels": True, "quantized": True}
+    from specdec.runtime import int8
+    auto = linear_flags("auto", blocks=True)  # the int8 codes where they run, else these
+    assert auto == {"panels": None, "quantized": int8.unavailable() is not None,
+                    "int8": int8.unavailable() is None}
+    assert linear_flags("auto") == {"panels": None, "quantized": False, "int8": False}
+    assert linear_flags("quantized", blocks=True) == {"panels": True, "quantized": True,
+                                                      "int8": False}
     with pytest.raises(ValueError, match="linears: quantized needs the model's GGUF blocks"):
         linear_flags("quantized")
 
@@ -163,11 +167,11 @@ def test_the_default_target_runs_on_its_gguf_codes_and_computes_what_float32_doe
     sidecar.rename(tmp_path / "kept")  # the cache as it was before the blocks
     assert prepare("smollm2-135m") / gguf_blocks.SIDECAR == sidecar and sidecar.is_file()
     outs = []
-    for linears in ("auto", "panels"):
+    for linears in ("quantized", "panels"):
         target = load_target("smollm2-135m", dtype="float32", kv_slots=1, linears=linears)
         w, fwd = target.runtime.w, target.runtime
         projs = [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        assert all((p.codes is not None) == (linears == "auto") for p in [*projs, w.lm_head])
+        assert all((p.codes is not None) == (linears == "quantized") for p in [*projs, w.lm_head])
         slot = fwd.pool.acquire()
         fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
         outs.append([fwd([Row(slot, [5], logits_at=[0])])[0].logits,

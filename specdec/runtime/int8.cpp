@@ -1,0 +1,253 @@
+// specdec's linear on GGUF codes and int8 activations, for x86 CPUs with AVX-512 VNNI
+// (specdec/runtime/int8.py says when and why).
+//
+// It computes a Q4_1 or Q8_0 weight's product as llama.cpp's CPU backend does: each row of x is
+// quantized per block of 32 inputs to int8 (scale da = max |x| / 127, codes round(x / da)), and a
+// block's product is an integer dot product of codes (vpdpbusd: 64 byte products a vector), scaled
+// once: Q4_1 (weight dw * q + mw) gives dw * da * sum(q * qa) + mw * da * sum(qa), Q8_0 (weight
+// dw * q) gives dw * da * sum(q * qa). The blocks' terms are summed in the order of the inputs.
+//
+// Layout, [P, in / 32, 256 (Q4_1) or 512 (Q8_0)] bytes: panel p holds outputs 16p..16p+15, and a
+// block's codes lie as vpdpbusd reads them, four consecutive inputs of one output in a 32-bit
+// lane. Q4_1: vector g (of 4) holds inputs 4g..4g+3 in the low nibbles and 16+4g..16+4g+3 in the
+// high ones. Q8_0: vector g (of 8) holds inputs 4g..4g+3, each code stored plus 128 (an unsigned
+// byte, which vpdpbusd needs on one side): 128 * sum(qa) is taken off the integer sum. Scales:
+// float16 [P, in / 32, 2 (dw, mw) or 1 (dw), 16].
+//
+// Integer sums are exact and every output's float terms are the same chain in the same order,
+// whatever the number of rows, the tile a row falls in or the thread that runs it: a row's
+// outputs are bitwise its outputs alone (tests/runtime/test_int8.py checks it).
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr int WIDTH = 16;     // outputs a panel holds: int32 or float lanes of one vector
+constexpr int64_t BLOCK = 32;  // inputs a block's scales cover (GGUF's blocks and the rows')
+constexpr int ROWS = 12;      // rows of a tile: 2 x ROWS accumulators + the weights in registers
+
+// A row's int8 codes per block of 32 inputs: codes [M, in], and per block the scale da, the
+// codes' sum and da times that sum.
+struct Rows {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  const int32_t* sum;
+  int64_t in, blocks;
+};
+
+// Quantize rows [lo, hi) of x [M, in] into the buffers of ``Rows``.
+void quantize(const float* x, int64_t in, int64_t lo, int64_t hi, int8_t* q, float* d, float* s,
+              int32_t* sum) {
+  const int64_t nb = in / BLOCK;
+  for (int64_t r = lo; r < hi; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* at = x + r * in + b * BLOCK;
+      const __m512 v0 = _mm512_loadu_ps(at), v1 = _mm512_loadu_ps(at + WIDTH);
+      const float amax = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float da = amax / 127.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const __m512 scale = _mm512_set1_ps(inv);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, scale));  // nearest, ties even
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, scale));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * in + b * BLOCK), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * in + b * BLOCK + WIDTH),
+                       _mm512_cvtsepi32_epi8(q1));
+      const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      d[r * nb + b] = da;
+      sum[r * nb + b] = total;
+      s[r * nb + b] = da * static_cast<float>(total);
+    }
+}
+
+inline __m512i bcast(const int8_t* at) {
+  int32_t four;
+  std::memcpy(&four, at, sizeof four);
+  return _mm512_set1_epi32(four);
+}
+
+inline __m512 half16(const uint16_t* at) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+}
+
+// GGUF's Q4_1 weight (dw * q + mw) in vpdpbusd's layout: 4 vectors a block, nibbles.
+struct Q4_1 {
+  static constexpr int BYTES = 256, SCALES = 2;
+  template <int R>
+  static void block(const uint8_t* codes, const int8_t* const* xq, __m512i* isum) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i v = _mm512_loadu_si512(codes + g * 64);
+      const __m512i lo = _mm512_and_si512(v, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        isum[r] = _mm512_dpbusd_epi32(isum[r], lo, bcast(xq[r] + 4 * g));
+        isum[r] = _mm512_dpbusd_epi32(isum[r], hi, bcast(xq[r] + 16 + 4 * g));
+      }
+    }
+  }
+  // acc += dw * da * isum + mw * (da * sum(qa))
+  static __m512 scale(__m512 acc, __m512i isum, const __m512* w, float da, float s, int32_t) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(w[0], _mm512_set1_ps(da)), acc);
+    return _mm512_fmadd_ps(w[1], _mm512_set1_ps(s), acc);
+  }
+};
+
+// GGUF's Q8_0 weight (dw * q) in vpdpbusd's layout: 8 vectors a block, codes plus 128.
+struct Q8_0 {
+  static constexpr int BYTES = 512, SCALES = 1;
+  template <int R>
+  static void block(const uint8_t* codes, const int8_t* const* xq, __m512i* isum) {
+    for (int g = 0; g < 8; ++g) {
+      const __m512i v = _mm512_loadu_si512(codes + g * 64);
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], v, bcast(xq[r] + 4 * g));
+    }
+  }
+  // acc += dw * da * (isum - 128 * sum(qa))
+  static __m512 scale(__m512 acc, __m512i isum, const __m512* w, float da, float, int32_t sum) {
+    const __m512i exact = _mm512_sub_epi32(isum, _mm512_set1_epi32(sum * 128));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(w[0], _mm512_set1_ps(da)), acc);
+  }
+};
+
+// y[r, 16p + i] for the tile's R rows (from row m) and one panel p.
+template <class F, int R>
+void tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* scales, float* y,
+          int64_t out, const float* bias, __mmask16 mask) {
+  __m512 acc[R];
+  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r] = b0;
+  const int8_t* xq[R];
+  for (int b = 0; b < x.blocks; ++b) {
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) {
+      isum[r] = _mm512_setzero_si512();
+      xq[r] = x.q + (m + r) * x.in + b * BLOCK;
+    }
+    F::template block<R>(codes + b * F::BYTES, xq, isum);
+    __m512 w[F::SCALES];
+    for (int j = 0; j < F::SCALES; ++j) w[j] = half16(scales + (b * F::SCALES + j) * WIDTH);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m + r) * x.blocks + b;
+      acc[r] = F::scale(acc[r], isum[r], w, x.d[at], x.s[at], x.sum[at]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m + r) * out, mask, acc[r]);
+}
+
+template <class F>
+using Tile = void (*)(const Rows&, int64_t, const uint8_t*, const uint16_t*, float*, int64_t,
+                      const float*, __mmask16);
+
+template <class F, int... R>
+constexpr std::array<Tile<F>, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
+  return {&tile<F, R + 1>...};
+}
+
+template <class F>
+constexpr auto TILES = tiles<F>(std::make_integer_sequence<int, ROWS>{});  // [R - 1]: R rows
+
+template <class F>
+torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
+                        const torch::Tensor& scales, int64_t out,
+                        const c10::optional<torch::Tensor>& bias) {
+  const int64_t P = codes.size(0), nb = codes.size(1), in = nb * BLOCK;
+  TORCH_CHECK(codes.size(2) == F::BYTES, "codes must be [P, in / 32, ", F::BYTES,
+              "] for this format");
+  TORCH_CHECK(scales.dim() == 4 && scales.size(0) == P && scales.size(1) == nb &&
+                  scales.size(2) == F::SCALES && scales.size(3) == WIDTH &&
+                  scales.scalar_type() == torch::kHalf && scales.is_contiguous(),
+              "scales must be a contiguous float16 [P, in / 32, ", F::SCALES, ", 16] tensor");
+  TORCH_CHECK(xin.dim() == 2 && xin.scalar_type() == torch::kFloat && xin.device().is_cpu(),
+              "x must be a 2-d float32 CPU tensor");
+  TORCH_CHECK(xin.size(1) == in, "x has ", xin.size(1), " inputs, the weight ", in);
+  TORCH_CHECK(0 < out && out <= P * WIDTH && out > (P - 1) * WIDTH, "out = ", out,
+              " does not fit the panels");
+  torch::Tensor b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == torch::kFloat && b.numel() == out, "bias must be [", out, "]");
+  }
+  const torch::Tensor x = xin.contiguous();
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, out}, x.options());
+  if (M == 0) return y;
+  auto q = torch::empty({M, in}, x.options().dtype(torch::kChar));
+  auto d = torch::empty({M, nb}, x.options());
+  auto s = torch::empty({M, nb}, x.options());
+  auto sum = torch::empty({M, nb}, x.options().dtype(torch::kInt));
+  const float* xs = x.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
+    quantize(xs, in, lo, hi, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
+             sum.data_ptr<int32_t>());
+  });
+  const Rows rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
+                  sum.data_ptr<int32_t>(), in, nb};
+  const uint8_t* cs = codes.data_ptr<uint8_t>();
+  const auto* ss = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  const float* bs = b.defined() ? b.data_ptr<float>() : nullptr;
+  float* ys = y.data_ptr<float>();
+  at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const int64_t col = p * WIDTH;
+      const int64_t valid = std::min<int64_t>(WIDTH, out - col);
+      const auto mask = static_cast<__mmask16>((1u << valid) - 1u);
+      for (int64_t m = 0; m < M; m += ROWS) {
+        const int R = static_cast<int>(std::min<int64_t>(ROWS, M - m));
+        TILES<F>[R - 1](rows, m, cs + p * nb * F::BYTES, ss + p * nb * F::SCALES * WIDTH,
+                        ys + col, out, bs ? bs + col : nullptr, mask);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+// x [M, in] float32; codes uint8 [P, in / 32, 256 (Q4_1) or 512 (Q8_0)] and scales float16
+// [P, in / 32, 2 (Q4_1: dw, mw) or 1 (Q8_0: dw), 16] (P * 16 >= out); bias [out] or None ->
+// [M, out].
+torch::Tensor linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t out,
+                     c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kByte && codes.is_contiguous(),
+              "codes must be a contiguous uint8 [P, in / 32, bytes] tensor");
+  if (codes.size(2) == Q4_1::BYTES) return linear_as<Q4_1>(x, codes, scales, out, bias);
+  TORCH_CHECK(codes.size(2) == Q8_0::BYTES, "codes of ", codes.size(2),
+              " bytes a block are neither Q4_1's (256) nor Q8_0's (512)");
+  return linear_as<Q8_0>(x, codes, scales, out, bias);
+}
+
+// x [M, in] float32 -> (codes int8 [M, in], da [M, in / 32], da * sum [M, in / 32], sum int32
+// [M, in / 32]): the rows as the linear quantizes them (for tests and the reference).
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.size(1) % BLOCK == 0,
+              "x must be a 2-d float32 tensor of whole blocks of ", BLOCK, " inputs");
+  x = x.contiguous();
+  const int64_t M = x.size(0), in = x.size(1), nb = in / BLOCK;
+  auto q = torch::empty({M, in}, x.options().dtype(torch::kChar));
+  auto d = torch::empty({M, nb}, x.options());
+  auto s = torch::empty({M, nb}, x.options());
+  auto sum = torch::empty({M, nb}, x.options().dtype(torch::kInt));
+  quantize(x.data_ptr<float>(), in, 0, M, q.data_ptr<int8_t>(), d.data_ptr<float>(),
+           s.data_ptr<float>(), sum.data_ptr<int32_t>());
+  return {q, d, s, sum};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "x [M, in] @ the codes' weight^T (+ bias), on int8 rows -> [M, out]");
+  m.def("quantize_rows", &quantize_rows, "x's rows as the linear quantizes them");
+  m.attr("BLOCK") = BLOCK;
+  m.attr("WIDTH") = WIDTH;
+}

@@ -1,0 +1,165 @@
+"""specdec's linear on GGUF codes times int8 activations, as llama.cpp runs a quantized model on
+a CPU (``int8.cpp``, on AVX-512 VNNI).
+
+Why: on a 2-core CPU every row of a pass past a few costs its float32 multiply-adds (about
+1.5 ms a row for SmolLM2-135M on the AMD EPYC, docs/BENCHMARKS.md 2026-12-04), and a prompt's
+prefill, a verify's drafts and a batch's requests are all rows. An integer dot product
+(``vpdpbusd``) does 64 byte products a vector where a float32 fused multiply-add does 16. So
+each row is quantized per block of 32 inputs to int8 (scale max |x| / 127), and every block's
+product is exact in integers, scaled once by the weight's and the row's scales: GGUF's Q4_1 and
+Q8_0 blocks times llama.cpp's Q8 rows.
+
+These are other numerics than the float32 linears': a model's logits move (by about 1e-2 for
+SmolLM2-135M), so a config picks them by name (``linears: int8``). Within them a row's outputs
+are bitwise its outputs alone, in any batch: speculative decoding on them commits the tokens
+that plain decoding on them does.
+
+``pack`` lays a weight's GGUF blocks out for the kernel; ``reference`` is the same product in
+float64 from torch's integer matmuls, for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.models.gguf_blocks import Blocks
+from specdec.runtime import kernels
+
+SOURCE = Path(__file__).with_name("int8.cpp")
+NEEDS = ("avx512bw", "avx512_vnni")  # CPU features int8.cpp is compiled for, beyond AVX-512F
+WIDTH, BLOCK = 16, 32  # as in int8.cpp: outputs a panel holds; inputs a block covers
+BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # a GGUF block: float16 d (and m), then the codes
+
+
+@functools.cache
+def _build():
+    """The compiled extension, or the reason it cannot be had here (a str)."""
+    ext = kernels.build(SOURCE, NEEDS)
+    if not isinstance(ext, str):
+        assert (ext.WIDTH, ext.BLOCK) == (WIDTH, BLOCK), "int8.py and int8.cpp disagree"
+    return ext
+
+
+def unavailable() -> str | None:
+    """Why the int8 kernel cannot run here, or None when it can."""
+    built = _build()
+    return built if isinstance(built, str) else None
+
+
+@dataclass(frozen=True)
+class Codes:
+    """A weight's GGUF codes laid out for ``int8.cpp``: ``codes`` uint8 [P, in / 32, 256 (Q4_1)
+    or 512 (Q8_0)], ``scales`` float16 [P, in / 32, 2 (d, m) or 1 (d), 16]."""
+
+    format: str
+    codes: torch.Tensor
+    scales: torch.Tensor
+    out: int
+
+
+def pack(blocks: Blocks, out: int) -> Codes:
+    """The kernel's layout of a weight [out, in] held as GGUF blocks (``blocks.data``
+    [out, in/32 * size]); outputs past ``out`` up to a whole panel are zero."""
+    size = BLOCK_BYTES[blocks.format]
+    data = blocks.data.reshape(out, -1, size)
+    nb = data.shape[1]
+    padded = -(-out // WIDTH) * WIDTH
+    full = data.new_zeros(padded, nb, size)
+    full[:out] = data
+    P = padded // WIDTH
+
+    def half(at: int) -> torch.Tensor:  # the float16 at byte ``at`` of every block: [P, nb, 16]
+        h = full[..., at:at + 2].contiguous().view(torch.float16)[..., 0]
+        return h.view(P, WIDTH, nb).transpose(1, 2)
+
+    def lanes(q: torch.Tensor, groups: int) -> torch.Tensor:  # [padded, nb, 4 g] -> [P, nb, 64 g]
+        q = q.reshape(P, WIDTH, nb, groups, 4)  # [panel, output j, block, group g, input t]
+        return q.permute(0, 2, 3, 1, 4).reshape(P, nb, groups * 4 * WIDTH)
+
+    if blocks.format == "Q4_1":
+        # GGUF's byte i holds input i (low nibble) and i + 16 (high): the kernel's own byte
+        codes = lanes(full[..., 4:], 4)
+        scales = torch.stack([half(0), half(2)], dim=2)
+    else:
+        codes = lanes(full[..., 2:] ^ 0x80, 8)  # the signed codes plus 128, as bytes
+        scales = half(0)[:, :, None]
+    return Codes(blocks.format, codes.contiguous(), scales.contiguous(), out)
+
+
+def linear(x: torch.Tensor, w: Codes, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes."""
+    y = _build().linear(x.reshape(-1, x.shape[-1]), w.codes, w.scales, w.out, bias)
+    return y.view(*x.shape[:-1], w.out)
+
+
+def quantize_rows(x: torch.Tensor):
+    """x [M, in]'s rows as the linear quantizes them: codes int8 [M, in], and per block of 32 the
+    scale, scale times the codes' sum, the codes' sum."""
+    return _build().quantize_rows(x)
+
+
+def weight_codes(blocks: Blocks, out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A GGUF weight's integer codes [out, in] and per block its d and m (zero for Q8_0),
+    float32 [out, in / 32], straight from the blocks (the reference's side of the product)."""
+    size = BLOCK_BYTES[blocks.format]
+    data = blocks.data.reshape(out, -1, size)
+
+    def half(at: int) -> torch.Tensor:
+        return data[..., at:at + 2].contiguous().view(torch.float16)[..., 0].float()
+
+    if blocks.format == "Q4_1":
+        qs = data[..., 4:].long()
+        q = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(out, -1)
+        return q, half(0), half(2)
+    q = data[..., 2:].contiguous().view(torch.int8).long().reshape(out, -1)
+    return q, half(0), torch.zeros_like(half(0))
+
+
+def reference(x: torch.Tensor, blocks: Blocks, out: int) -> torch.Tensor:
+    """``linear`` in float64 from exact integer products: per block dw * da * sum(q * qa) +
+    mw * da * sum(qa), summed over the blocks; it differs from the kernel's float32 only by the
+    rounding of the sums' terms."""
+    qa, da, _, _ = quantize_rows(x.reshape(-1, x.shape[-1]).float())
+    qw, dw, mw = weight_codes(blocks, out)
+    M, nb = da.shape
+    ints = torch.einsum("mbk,obk->mob", qa.long().view(M, nb, BLOCK), qw.view(out, nb, BLOCK))
+    sums = qa.long().view(M, nb, BLOCK).sum(-1)  # [M, nb]
+    d = da.double()
+    y = (ints.double() * dw.double()[None] * d[:, None]).sum(-1) + (
+        mw.double()[None] * (d * sums.double())[:, None]).sum(-1)
+    return y.view(*x.shape[:-1], out)
+
+
+def main() -> None:
+    """Build the kernel now and check it on one product (``kernels.main``)."""
+    reason = unavailable()
+    if reason:
+        print(f"specdec int8 linear: not built ({reason}); linears: int8 cannot run here")
+        return
+    gen = torch.Generator().manual_seed(0)
+    for fmt in BLOCK_BYTES:
+        blocks = random_blocks(fmt, 40, 64, gen)
+        x = torch.randn(5, 64, generator=gen)
+        got = linear(x, pack(blocks, 40)).double()
+        assert torch.allclose(got, reference(x, blocks, 40), rtol=1e-5, atol=1e-5), \
+            f"the int8 linear is wrong here ({fmt})"
+    print(f"specdec int8 linear: built and checked ({SOURCE.name})")
+
+
+def random_blocks(fmt: str, out: int, inputs: int, gen: torch.Generator) -> Blocks:
+    """GGUF blocks of a random weight [out, in] in ``fmt`` (for checks and tests): codes of every
+    value, scales about 0.01."""
+    nb = inputs // BLOCK
+    d = (torch.rand(out, nb, 1, generator=gen) * 0.02 + 0.001).half().view(torch.uint8)
+    if fmt == "Q4_1":
+        m = (-torch.rand(out, nb, 1, generator=gen) * 0.1).half().view(torch.uint8)
+        qs = torch.randint(0, 256, (out, nb, 16), generator=gen, dtype=torch.uint8)
+        data = torch.cat([d, m, qs], dim=-1)
+    else:
+        qs = torch.randint(-127, 128, (out, nb, 32), generator=gen, dtype=torch.int8)
+        data = torch.cat([d, qs.view(torch.uint8)], dim=-1)
+    return Blocks(fmt, data.reshape(out, -1))
