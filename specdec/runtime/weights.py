@@ -31,10 +31,9 @@ docs/BENCHMARKS.md):
 - float32 with those blocks on a CPU with AVX-512 VNNI (``linears: auto`` or ``int8``): only
   the codes, laid out for the int8 kernel (``specdec.runtime.int8``), which quantizes each row
   to int8 per block and multiplies in integers, as llama.cpp does: other numerics than float32's
-  (logits move by about 1e-2), every row's outputs its outputs alone. On the 2-core AMD EPYC
-  (2026-12-04) the projections of a SmolLM2-135M pass took 2.9 / 6.0 / 20.3 / 72.5 ms at
-  1 / 8 / 32 / 128 rows, against 6.1 ms for one row on the codes in float32 and about 1.5 ms a
-  row past 5 rows on the float32 panels.
+  (logits move by up to about 1), every row's outputs its outputs alone. On the 2-core AMD EPYC
+  (2026-12-04) the projections of a SmolLM2-135M pass took 3.4 / 6.4 / 20.1 / 75.7 ms at
+  1 / 8 / 32 / 128 rows, the float32 panels' 13.0 / 15.1 / 31.0 / 113.1.
 ``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here,
 ``can_pack``). The ``[out, in]`` weight itself stays for everything else (float64, GPUs, and
 the HF model, which shares its storage).
