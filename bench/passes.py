@@ -81,3 +81,13 @@ def sweep(timed: Callable[[str, list[Row], int], float], arms: Sequence[str],
             out["prefill_ms"].append({"tokens": n, **ms, "max_logit_gap": gap()})
             print(out["prefill_ms"][-1], flush=True)
     return out
+
+
+def sweep_table(result: dict, a: str, b: str, context: int) -> list[str]:
+    """``sweep``'s passes and prefills as a markdown table of arm ``a`` against arm ``b``."""
+    lines = [f"Whole passes (ms, {context} cached tokens) and prefills:", "",
+             f"| pass | {a} | {b} | {a} / {b} | max logit gap |", "| --- | --- | --- | --- | --- |"]
+    named = [(f"{r['B']} x {r['T']}", r) for r in result["passes_ms"]]
+    named += [(f"prefill {r['tokens']}", r) for r in result["prefill_ms"]]
+    return lines + [f"| {name} | {r[a]:.1f} | {r[b]:.1f} | {r[a] / r[b]:.2f} | "
+                    f"{r['max_logit_gap']:.1e} |" for name, r in named]

@@ -16,7 +16,7 @@ from specdec.models.target import TargetModel
 from specdec.runtime import Forward, KVPool, Row, Weights, int8
 from specdec.runtime.weights import linear_flags
 from tests.conftest import PROMPTS
-from tests.runtime.test_qpanels import FORMATS, case, quantized, quantized_llama
+from tests.runtime.test_qpanels import FORMATS, case, decoded, quantize_weights, quantized_llama
 
 pytestmark = pytest.mark.skipif(int8.unavailable() is not None,
                                 reason=f"int8 kernel: {int8.unavailable()}")
@@ -53,7 +53,6 @@ def test_the_product_is_the_exact_integer_product_scaled(fmt, rows, inputs, outp
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_it_is_close_to_the_float32_product_of_the_dequantized_weight(fmt):
     """Only the rows' rounding to int8 separates them: well under 1% of the outputs' size."""
-    from tests.runtime.test_qpanels import decoded
     x, blocks, _ = case(8, 256, 64, fmt)
     exact = x.double() @ decoded(blocks).double().T
     got = int8.linear(x, int8.pack(blocks, 64)).double()
@@ -135,14 +134,8 @@ def quantized_target(tiny_llama, fmt: str = "Q4_1") -> TargetModel:
     """The tiny Llama in float32, its linears GGUF-quantized, on the int8 linears."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.runtime.test_qpanels import decoded
     model = AutoModelForCausalLM.from_pretrained(tiny_llama["target"], dtype=torch.float32)
-    blocks = {}
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                blocks[name] = quantized(p, fmt)
-                p.copy_(decoded(blocks[name]))
+    blocks = quantize_weights(model, fmt)
     return TargetModel(model, AutoTokenizer.from_pretrained(tiny_llama["target"]),
                        pool_size=4, linears="int8", blocks=blocks)
 

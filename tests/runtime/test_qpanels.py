@@ -100,13 +100,19 @@ def quantized_llama(fmt: str):
                          max_position_embeddings=128, initializer_range=0.2)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return model, quantize_weights(model, fmt)
+
+
+def quantize_weights(model, fmt: str) -> dict[str, Blocks]:
+    """Every matrix of ``model`` GGUF-quantized in place (to its dequantized values); the blocks
+    by parameter name."""
     blocks = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 blocks[name] = quantized(p, fmt)
                 p.copy_(decoded(blocks[name]))
-    return model, blocks
+    return blocks
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.passes import cached_forward, interleaved, sweep, timer
+from bench.passes import cached_forward, interleaved, sweep, sweep_table, timer
 from specdec.engine.loading import load_target
 from specdec.models import gguf_blocks
 from specdec.models.sources import prepare
@@ -93,15 +93,7 @@ def main() -> None:
              "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['rows']} | {r['int8']:.1f} | {cell(r, 'codes')} | {r['panels']:.1f} | "
               f"{r['int8'] / r['panels']:.2f} |" for r in result["linears_ms"]]
-    lines += ["", f"Whole passes (ms, {CONTEXT} cached tokens) and prefills:", "",
-              "| pass | int8 | quantized (float32) | int8 / quantized | max logit gap |",
-              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['B']} x {r['T']} | {r['int8']:.1f} | {r['quantized']:.1f} | "
-              f"{r['int8'] / r['quantized']:.2f} | {r['max_logit_gap']:.1e} |"
-              for r in result["passes_ms"]]
-    lines += [f"| prefill {r['tokens']} | {r['int8']:.1f} | {r['quantized']:.1f} | "
-              f"{r['int8'] / r['quantized']:.2f} | {r['max_logit_gap']:.1e} |"
-              for r in result["prefill_ms"]]
+    lines += ["", *sweep_table(result, "int8", "quantized", CONTEXT)]
     (HERE / "result.md").write_text("\n".join(lines) + "\n")
 
 

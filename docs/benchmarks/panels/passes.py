@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.passes import cached_forward, interleaved, sweep, timer
+from bench.passes import cached_forward, interleaved, sweep, sweep_table, timer
 from specdec.engine.loading import load_target
 from specdec.runtime import Weights
 from specdec.runtime.panels import linear as panel_linear
@@ -83,15 +83,7 @@ def main() -> None:
              "| rows | " + " | ".join(kinds) + " |", "|" + " --- |" * (len(kinds) + 1)]
     lines += [f"| {r['rows']} | " + " | ".join(f"{r[k]:.1f}" for k in kinds) + " |"
               for r in result["linears_ms"]]
-    lines += ["", f"Whole passes (ms, {CONTEXT} cached tokens) and prefills:", "",
-              "| pass | panels | torch | panels / torch | max logit gap |",
-              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['B']} x {r['T']} | {r['panels']:.1f} | {r['torch']:.1f} | "
-              f"{r['panels'] / r['torch']:.2f} | {r['max_logit_gap']:.1e} |"
-              for r in result["passes_ms"]]
-    lines += [f"| prefill {r['tokens']} | {r['panels']:.1f} | {r['torch']:.1f} | "
-              f"{r['panels'] / r['torch']:.2f} | {r['max_logit_gap']:.1e} |"
-              for r in result["prefill_ms"]]
+    lines += ["", *sweep_table(result, "panels", "torch", CONTEXT)]
     (HERE / "result.md").write_text("\n".join(lines) + "\n")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench.passes import cached_forward, interleaved, sweep, timer
+from bench.passes import cached_forward, interleaved, sweep, sweep_table, timer
 from specdec.engine.loading import load_target
 from specdec.runtime import Weights, panels, qpanels
 
@@ -77,16 +77,8 @@ def main() -> None:
              "| rows | codes | float32 panels | codes / panels |", "| --- | --- | --- | --- |"]
     lines += [f"| {r['rows']} | {r['codes']:.1f} | {r['panels']:.1f} | "
               f"{r['codes'] / r['panels']:.2f} |" for r in result["linears_ms"]]
-    lines += ["", f"Whole passes (ms, {CONTEXT} cached tokens) and prefills; auto runs passes of "
-              f"at most {qpanels.ROWS} rows on the codes:", "",
-              "| pass | auto | panels | auto / panels | max logit gap |",
-              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['B']} x {r['T']} | {r['auto']:.1f} | {r['panels']:.1f} | "
-              f"{r['auto'] / r['panels']:.2f} | {r['max_logit_gap']:.1e} |"
-              for r in result["passes_ms"]]
-    lines += [f"| prefill {r['tokens']} | {r['auto']:.1f} | {r['panels']:.1f} | "
-              f"{r['auto'] / r['panels']:.2f} | {r['max_logit_gap']:.1e} |"
-              for r in result["prefill_ms"]]
+    lines += ["", f"auto runs passes of at most {qpanels.ROWS} rows on the codes.", "",
+              *sweep_table(result, "auto", "panels", CONTEXT)]
     (HERE / "result.md").write_text("\n".join(lines) + "\n")
 
 
