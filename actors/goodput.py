@@ -21,8 +21,9 @@ second. Three measured things price it:
   accepted; else the rate at which tokens at its depth were accepted.
 
 ``fit_drafts`` then keeps, of all the step's draft tokens taken best first, the count that
-maximises their expected tokens less ``rate`` times the step's cost: with cheap rows at one
-client a draft stays whole, and as the batch grows the least likely tokens go first. Only the
+maximises their expected tokens less the step's cost, priced at ``Goodput.price`` (the rate,
+and at least what plain decoding of the step's requests makes of a second): with cheap rows at
+one client a draft stays whole, and as the batch grows the least likely tokens go first. Only the
 drafts a target makes itself are cut, and only for requests whose tokens do not depend on their
 drafts (greedy, lossless verification): a request's output is the same whatever its load.
 """
@@ -111,6 +112,16 @@ class Goodput:
     def rate(self) -> float:
         """Tokens committed per second of step."""
         return (self.tokens + PRIOR) / (self.seconds + PRIOR * self.cost(1))
+
+    def price(self, requests: int) -> float:
+        """What a second of the step is worth, in tokens, for a step of ``requests`` rounds: the
+        recent ``rate``, and at least what plain decoding of those requests would make of it
+        (``requests`` tokens in ``cost(requests)``). The floor keeps drafts from pricing
+        themselves: long drafts slow the steps, the slower steps' rate priced their rows low, and
+        the drafts stayed long (on the AMD EPYC with int8 linears, 2026-12-04, two runs of 16
+        clients drafted 1.30 and 2.92 tokens a round with the same code)."""
+        plain = requests / self.cost(requests) if requests else 0.0
+        return max(self.rate, plain)
 
     @property
     def calibration(self) -> float:

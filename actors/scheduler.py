@@ -412,8 +412,9 @@ class TargetScheduler(BatchLoop):
                and self.worker.draft_free(w.rid)]
         drafts = [w.payload.value for _, w in cut]
         fixed = sum(n for _, _, n in short) - sum(len(d.tokens) for d in drafts)
+        rounds = sum(not isinstance(w.payload, OpenRequest) for w, _ in batch)
         keep = fit_drafts([g.values(len(d.tokens), d.confidence) for d in drafts], fixed,
-                          g.cost, g.rate)
+                          g.cost, g.price(rounds))
         batch = list(batch)
         for (i, w), d, k in zip(cut, drafts, keep, strict=True):
             if k < len(d.tokens):

@@ -11,8 +11,9 @@ Q8_0 blocks times llama.cpp's Q8 rows.
 
 These are other numerics than the float32 linears': SmolLM2-135M's logits moved by up to 0.8
 (docs/benchmarks/int8/), and its greedy tokens on 7 of 16 HumanEval prompts were float32's for
-all of 64 tokens, on the others they parted sooner, at near-ties. So a model with blocks runs them under ``linears: auto`` or ``int8`` on a CPU
-with VNNI, and ``linears: quantized`` keeps float32's numerics bitwise. Within them a row's
+all of 64 tokens, on the others they parted sooner, at near-ties. So a model with blocks runs
+them under ``linears: auto`` or ``int8`` on a CPU with VNNI, and ``linears: quantized`` keeps
+float32's numerics bitwise. Within them a row's
 outputs are bitwise its outputs alone, in any batch: speculative decoding on them commits the
 tokens that plain decoding on them does.
 

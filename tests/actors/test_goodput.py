@@ -84,6 +84,22 @@ def test_the_rate_leaves_out_what_the_steps_prompt_chunks_cost():
     assert spent.seconds == 0.0 and spent.rate > 1000
 
 
+def test_a_second_is_priced_at_least_at_plain_decodings_tokens():
+    """Slow steps of long drafts read a low rate; the price stays at what 8 plain decodes would
+    make (8 tokens in 10 ms), and rises with the rate above it."""
+    cost = StepCost((1, 8, 64), (0.005, 0.010, 0.066))
+    g = Goodput(cost)
+    for _ in range(200):
+        g.step(16, 0.05, fed=40)  # 320 tokens a second
+    assert g.rate == pytest.approx(320, rel=0.02)
+    assert g.price(8) == pytest.approx(800)
+    assert g.price(1) == pytest.approx(g.rate)  # one decode makes 200 a second: the rate wins
+    assert g.price(0) == g.rate
+    cut = fit_drafts([[0.4] * 4] * 8, 8, cost, g.price(8))
+    kept = fit_drafts([[0.4] * 4] * 8, 8, cost, g.rate)
+    assert sum(cut) == 0 < sum(kept)  # a 1 ms row is worth 0.8 tokens, a draft token 0.4
+
+
 def test_the_step_cost_is_measured_on_the_runtime_and_gives_its_slot_back(tiny_llama):
     target = load_target(tiny_llama["target"], dtype="float64", kv_slots=2)
     pool = target.runtime.pool
