@@ -184,17 +184,17 @@ torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
   const int64_t M = x.size(0);
   auto y = torch::empty({M, out}, x.options());
   if (M == 0) return y;
-  auto q = torch::empty({M, in}, x.options().dtype(torch::kChar));
-  auto d = torch::empty({M, nb}, x.options());
-  auto s = torch::empty({M, nb}, x.options());
-  auto sum = torch::empty({M, nb}, x.options().dtype(torch::kInt));
+  // the rows' codes and scales, in the calling thread's buffer (a pass makes ~120 calls: four
+  // tensors a call cost more than a small call's products)
+  thread_local std::vector<int32_t> buffer;
+  buffer.resize(M * (in / 4 + 3 * nb));
+  auto* q = reinterpret_cast<int8_t*>(buffer.data());
+  auto* d = reinterpret_cast<float*>(buffer.data() + M * in / 4);
+  float* s = d + M * nb;
+  int32_t* sum = buffer.data() + M * (in / 4 + 2 * nb);
   const float* xs = x.data_ptr<float>();
-  at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
-    quantize(xs, in, lo, hi, q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
-             sum.data_ptr<int32_t>());
-  });
-  const Rows rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(),
-                  sum.data_ptr<int32_t>(), in, nb};
+  at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) { quantize(xs, in, lo, hi, q, d, s, sum); });
+  const Rows rows{q, d, s, sum, in, nb};
   const uint8_t* cs = codes.data_ptr<uint8_t>();
   const auto* ss = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const float* bs = b.defined() ? b.data_ptr<float>() : nullptr;

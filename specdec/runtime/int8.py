@@ -17,9 +17,9 @@ float32's numerics bitwise. Within them a row's
 outputs are bitwise its outputs alone, in any batch: speculative decoding on them commits the
 tokens that plain decoding on them does.
 
-On the 2-core AMD EPYC (2026-12-04) the projections of a pass took 3.4 / 6.4 / 20.1 / 75.7 ms at
-1 / 8 / 32 / 128 rows, the float32 panels' 13.0 / 15.1 / 31.0 / 113.1 (and the float32 codes' 6.4
-at one row); a decode's whole pass 3.5 ms against 6.7, a 100-token prefill 33.7 against 59.7.
+On the 2-core AMD EPYC (2026-12-04) the projections of a pass took 3.2 / 6.2 / 20.8 / 76.2 ms at
+1 / 8 / 32 / 128 rows, the float32 panels' 12.8 / 14.8 / 32.6 / 114.0 (and the float32 codes' 6.5
+at one row); a decode's whole pass 3.4 ms against 6.8, a 100-token prefill 34.6 against 61.2.
 
 ``pack`` lays a weight's GGUF blocks out for the kernel; ``reference`` is the same product in
 float64 from torch's integer matmuls, for tests.
@@ -98,7 +98,10 @@ def pack(blocks: Blocks, out: int) -> Codes:
 
 
 def linear(x: torch.Tensor, w: Codes, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes."""
+    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes.
+    (The runtime's rows come flat, [N, in], and go straight through: a pass makes ~120 calls.)"""
+    if x.dim() == 2:
+        return _build().linear(x, w.codes, w.scales, w.out, bias)
     y = _build().linear(x.reshape(-1, x.shape[-1]), w.codes, w.scales, w.out, bias)
     return y.view(*x.shape[:-1], w.out)
 

@@ -32,8 +32,8 @@ docs/BENCHMARKS.md):
   the codes, laid out for the int8 kernel (``specdec.runtime.int8``), which quantizes each row
   to int8 per block and multiplies in integers, as llama.cpp does: other numerics than float32's
   (logits move by up to about 1), every row's outputs its outputs alone. On the 2-core AMD EPYC
-  (2026-12-04) the projections of a SmolLM2-135M pass took 3.4 / 6.4 / 20.1 / 75.7 ms at
-  1 / 8 / 32 / 128 rows, the float32 panels' 13.0 / 15.1 / 31.0 / 113.1.
+  (2026-12-04) the projections of a SmolLM2-135M pass took 3.2 / 6.2 / 20.8 / 76.2 ms at
+  1 / 8 / 32 / 128 rows, the float32 panels' 12.8 / 14.8 / 32.6 / 114.0.
 ``packed_weight`` needs oneDNN (CPU only; bfloat16 also where oneDNN runs it here,
 ``can_pack``). The ``[out, in]`` weight itself stays for everything else (float64, GPUs, and
 the HF model, which shares its storage).
