@@ -83,6 +83,21 @@ def sweep(timed: Callable[[str, list[Row], int], float], arms: Sequence[str],
     return out
 
 
+def weights_sweep(weights: dict[str, Weights], passes: Sequence[tuple[int, int]],
+                  prompts: Sequence[int], context: int) -> dict[str, list[dict]]:
+    """``sweep`` of two arms, one forward on each of the ``weights`` (by arm), the logit gap
+    being the largest difference between the two arms' last outputs."""
+    forwards = {name: cached_forward(w, context) for name, w in weights.items()}
+    timed, last = timer(forwards)
+    a, b = forwards
+
+    def gap() -> float:
+        return max(float((x.logits - y.logits).abs().max())
+                   for x, y in zip(last[a], last[b], strict=True))
+
+    return sweep(timed, list(forwards), passes, prompts, context, gap)
+
+
 def sweep_table(result: dict, a: str, b: str, context: int) -> list[str]:
     """``sweep``'s passes and prefills as a markdown table of arm ``a`` against arm ``b``."""
     lines = [f"Whole passes (ms, {context} cached tokens) and prefills:", "",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.passes import cached_forward, interleaved, sweep, sweep_table, timer
+from bench.passes import interleaved, sweep_table, weights_sweep
 from specdec.engine.loading import load_target
 from specdec.models import gguf_blocks
 from specdec.models.sources import prepare
@@ -78,14 +78,7 @@ def main() -> None:
             ms = interleaved({k: partial(linears_ms, int8s, floats, k, rows) for k in kinds}, 10, 2)
             result["linears_ms"].append({"rows": rows, **ms})
             print(result["linears_ms"][-1], flush=True)
-    forwards = {name: cached_forward(w, CONTEXT) for name, w in weights.items()}
-    timed, last = timer(forwards)
-
-    def gap():
-        return max(float((a.logits - b.logits).abs().max())
-                   for a, b in zip(last["int8"], last["quantized"], strict=True))
-
-    result |= sweep(timed, list(forwards), PASSES, PROMPTS, CONTEXT, gap)
+    result |= weights_sweep(weights, PASSES, PROMPTS, CONTEXT)
     (HERE / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["Projections of one pass (ms, the layers' four and the lm_head); the codes in float32 "
              f"run passes of at most {qpanels.ROWS} rows:", "",

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.passes import cached_forward, interleaved, sweep, sweep_table, timer
+from bench.passes import interleaved, sweep_table, weights_sweep
 from specdec.engine.loading import load_target
 from specdec.runtime import Weights
 from specdec.runtime.panels import linear as panel_linear
@@ -70,14 +70,7 @@ def main() -> None:
             ms = interleaved({k: partial(linears_ms, p, k, rows) for k, p in kinds.items()}, 8, 2)
             result["linears_ms"].append({"rows": rows, **ms})
             print(result["linears_ms"][-1], flush=True)
-    forwards = {name: cached_forward(w, CONTEXT) for name, w in weights.items()}
-    timed, last = timer(forwards)
-
-    def gap():
-        return max(float((a.logits - b.logits).abs().max())
-                   for a, b in zip(last["panels"], last["torch"], strict=True))
-
-    result |= sweep(timed, list(forwards), PASSES, PROMPTS, CONTEXT, gap)
+    result |= weights_sweep(weights, PASSES, PROMPTS, CONTEXT)
     (HERE / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["Linears of one pass (ms, the layers' four projections):", "",
              "| rows | " + " | ".join(kinds) + " |", "|" + " --- |" * (len(kinds) + 1)]
