@@ -95,6 +95,9 @@ class TargetModel:
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
                           self.dtype, self.device)
             self.runtime = Forward(weights, pool, self.tap_layers, attention=attention)
+        if self.runtime is not None and self.runtime.w.lm_head.int8 is not None:
+            log.info("linears: the GGUF's codes times int8 rows (specdec.runtime.int8, "
+                     "llama.cpp's numerics; linears: quantized keeps float32's)")
         if self.runtime is not None and self.runtime.rows is not None:
             log.info("batch invariant: linears in pieces of %d rows, %s attention",
                      self.runtime.rows, self.runtime.attention_kind)
