@@ -21,6 +21,8 @@ import torch
 
 SIDECAR = "quantized.safetensors"
 FORMATS = ("Q4_1", "Q8_0")  # the block formats the runtime decodes (``runtime.qpanels``)
+BLOCK = 32  # inputs a block covers
+BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # a block: float16 d (and m for Q4_1), then the codes
 LAYER_LINEARS = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -35,6 +37,46 @@ class Blocks:
 
     format: str  # one of FORMATS
     data: torch.Tensor
+
+    def by_block(self, out: int, rows: int | None = None) -> torch.Tensor:
+        """The blocks as uint8 [rows, in / 32, block bytes], rows past ``out`` zero (padding to
+        a kernel's panels); ``rows`` None: ``out``."""
+        data = self.data.reshape(out, -1, BLOCK_BYTES[self.format])
+        if rows is None or rows == out:
+            return data
+        full = data.new_zeros(rows, *data.shape[1:])
+        full[:out] = data
+        return full
+
+    def codes(self, out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The weight's integer codes int64 [out, in] and per block its d and m (zero for Q8_0),
+        float32 [out, in / 32]: the weight is d * q (+ m)."""
+        data = self.by_block(out)
+        d = halves(data, 0).float()
+        if self.format == "Q4_1":
+            qs = data[..., 4:].long()  # byte i: input i (low nibble) and i + 16 (high)
+            q = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(out, -1)
+            return q, d, halves(data, 2).float()
+        q = data[..., 2:].contiguous().view(torch.int8).long().reshape(out, -1)
+        return q, d, torch.zeros_like(d)
+
+    def dequantized(self, out: int) -> torch.Tensor:
+        """The float32 weight [out, in] as GGUF defines it: d * q, then + m (two roundings), the
+        values transformers loads."""
+        q, d, m = self.codes(out)
+        w = d.repeat_interleave(BLOCK, dim=1) * q.float()
+        return w + m.repeat_interleave(BLOCK, dim=1) if self.format == "Q4_1" else w
+
+    def decode_to(self, weight: torch.Tensor) -> bool:
+        """Whether the blocks decode bitwise to ``weight`` [out, in] (signed zeros included)."""
+        got = self.dequantized(weight.shape[0])
+        return got.shape == weight.shape and torch.equal(got.view(torch.int32),
+                                                         weight.contiguous().view(torch.int32))
+
+
+def halves(data: torch.Tensor, at: int) -> torch.Tensor:
+    """The float16 at byte ``at`` of every block of ``data`` [..., block bytes]: [...]."""
+    return data[..., at:at + 2].contiguous().view(torch.float16)[..., 0]
 
 
 def hf_name(gguf_name: str) -> str | None:

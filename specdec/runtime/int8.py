@@ -33,13 +33,12 @@ from pathlib import Path
 
 import torch
 
-from specdec.models.gguf_blocks import Blocks
+from specdec.models.gguf_blocks import BLOCK, FORMATS, Blocks, halves
 from specdec.runtime import kernels
 
 SOURCE = Path(__file__).with_name("int8.cpp")
 NEEDS = ("avx512bw", "avx512_vnni")  # CPU features int8.cpp is compiled for, beyond AVX-512F
-WIDTH, BLOCK = 16, 32  # as in int8.cpp: outputs a panel holds; inputs a block covers
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # a GGUF block: float16 d (and m), then the codes
+WIDTH = 16  # as in int8.cpp: outputs a panel holds
 
 
 @functools.cache
@@ -71,17 +70,13 @@ class Codes:
 def pack(blocks: Blocks, out: int) -> Codes:
     """The kernel's layout of a weight [out, in] held as GGUF blocks (``blocks.data``
     [out, in/32 * size]); outputs past ``out`` up to a whole panel are zero."""
-    size = BLOCK_BYTES[blocks.format]
-    data = blocks.data.reshape(out, -1, size)
-    nb = data.shape[1]
     padded = -(-out // WIDTH) * WIDTH
-    full = data.new_zeros(padded, nb, size)
-    full[:out] = data
+    full = blocks.by_block(out, padded)
+    nb = full.shape[1]
     P = padded // WIDTH
 
     def half(at: int) -> torch.Tensor:  # the float16 at byte ``at`` of every block: [P, nb, 16]
-        h = full[..., at:at + 2].contiguous().view(torch.float16)[..., 0]
-        return h.view(P, WIDTH, nb).transpose(1, 2)
+        return halves(full, at).view(P, WIDTH, nb).transpose(1, 2)
 
     def lanes(q: torch.Tensor, groups: int) -> torch.Tensor:  # [padded, nb, 4 g] -> [P, nb, 64 g]
         q = q.reshape(P, WIDTH, nb, groups, 4)  # [panel, output j, block, group g, input t]
@@ -112,29 +107,12 @@ def quantize_rows(x: torch.Tensor):
     return _build().quantize_rows(x)
 
 
-def weight_codes(blocks: Blocks, out: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A GGUF weight's integer codes [out, in] and per block its d and m (zero for Q8_0),
-    float32 [out, in / 32], straight from the blocks (the reference's side of the product)."""
-    size = BLOCK_BYTES[blocks.format]
-    data = blocks.data.reshape(out, -1, size)
-
-    def half(at: int) -> torch.Tensor:
-        return data[..., at:at + 2].contiguous().view(torch.float16)[..., 0].float()
-
-    if blocks.format == "Q4_1":
-        qs = data[..., 4:].long()
-        q = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(out, -1)
-        return q, half(0), half(2)
-    q = data[..., 2:].contiguous().view(torch.int8).long().reshape(out, -1)
-    return q, half(0), torch.zeros_like(half(0))
-
-
 def reference(x: torch.Tensor, blocks: Blocks, out: int) -> torch.Tensor:
     """``linear`` in float64 from exact integer products: per block dw * da * sum(q * qa) +
     mw * da * sum(qa), summed over the blocks; it differs from the kernel's float32 only by the
     rounding of the sums' terms."""
     qa, da, _, _ = quantize_rows(x.reshape(-1, x.shape[-1]).float())
-    qw, dw, mw = weight_codes(blocks, out)
+    qw, dw, mw = blocks.codes(out)
     M, nb = da.shape
     ints = torch.einsum("mbk,obk->mob", qa.long().view(M, nb, BLOCK), qw.view(out, nb, BLOCK))
     sums = qa.long().view(M, nb, BLOCK).sum(-1)  # [M, nb]
@@ -151,7 +129,7 @@ def main() -> None:
         print(f"specdec int8 linear: not built ({reason}); linears: int8 cannot run here")
         return
     gen = torch.Generator().manual_seed(0)
-    for fmt in BLOCK_BYTES:
+    for fmt in FORMATS:
         blocks = random_blocks(fmt, 40, 64, gen)
         x = torch.randn(5, 64, generator=gen)
         got = linear(x, pack(blocks, 40)).double()

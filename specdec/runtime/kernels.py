@@ -57,8 +57,9 @@ def build(source: Path, needs: tuple[str, ...] = ()):
         name = f"specdec_{source.stem}"
         clear_stale_lock(name)
         with own_ninja():
-            return load(name, [str(source)], extra_cflags=FLAGS + [f"-m{f.replace('_', '')}" for f in needs],
-                        extra_ldflags=["-fopenmp"], verbose=False)
+            flags = FLAGS + [f"-m{f.replace('_', '')}" for f in needs]
+            return load(name, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                        verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
         return f"building {source.name} failed: {type(e).__name__}: {e}"
 

@@ -11,9 +11,10 @@ products cost), so a projection keeps both copies and runs passes of at most ``R
 the codes, longer ones on the float32 panels; bitwise equal, the switch never shows. On the
 2-core AMD EPYC a decode's whole pass took 9.3 ms against 13.5 (docs/BENCHMARKS.md, 2026-12-04).
 
-``pack`` lays a weight's blocks out as panels; ``dequantize`` is the reference decoding (torch),
-which ``matches`` compares bitwise with the float32 panels of the weight before the model runs
-on the codes.
+``pack`` lays a weight's blocks out as panels; ``dequantize`` decodes that layout in torch, and
+``matches`` compares it bitwise with the float32 panels of a weight (the tests' check of
+``pack``). At load the blocks themselves are checked against the weight
+(``gguf_blocks.Blocks.decode_to``) before the model runs on them.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.models.gguf_blocks import Blocks
+from specdec.models.gguf_blocks import BLOCK, Blocks, halves
 from specdec.runtime import panels
 
-BLOCK = 32  # inputs a block's scales cover (GGUF's, and panels.cpp's BLOCK)
 # The most rows a pass runs on the codes; longer ones run on the float32 panels. Decoding costs
 # about what 4 rows' products do, and up to about 5 rows the float32 panels' products hide under
 # their stream from memory: on the 2-core AMD EPYC (2026-12-04) the projections of a
@@ -33,7 +33,6 @@ BLOCK = 32  # inputs a block's scales cover (GGUF's, and panels.cpp's BLOCK)
 # 1 / 3 / 4 / 5 / 6 rows on the codes, 13.2 / 13.3 / 14.6 / 14.7 / 15.6 on the panels
 # (docs/benchmarks/quantized/).
 ROWS = 4
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # a block: float16 d (and m), then the codes
 
 
 @dataclass(frozen=True)
@@ -53,19 +52,16 @@ class QPanels:
 def pack(blocks: Blocks, out: int) -> QPanels:
     """The panels of a weight [out, in] held as GGUF blocks (``blocks.data`` [out, in/32 * size]);
     outputs past ``out`` up to the panels' width are zero."""
-    size = BLOCK_BYTES[blocks.format]
-    data = blocks.data.reshape(out, -1, size)
-    nb = data.shape[1]
     padded = -(-out // (panels.WIDTH * panels.PANELS)) * panels.WIDTH * panels.PANELS
-    full = data.new_zeros(padded, nb, size)
-    full[:out] = data
+    full = blocks.by_block(out, padded)
+    nb = full.shape[1]
     P = padded // panels.WIDTH
 
     def by_panel(per_output: torch.Tensor) -> torch.Tensor:  # [padded, n, ...] -> [P, n, 16, ...]
         return per_output.view(P, panels.WIDTH, *per_output.shape[1:]).transpose(1, 2)
 
     def half(at: int) -> torch.Tensor:  # the float16 at byte ``at`` of every block: [P, nb, 16]
-        return by_panel(full[..., at:at + 2].contiguous().view(torch.float16)[..., 0])
+        return by_panel(halves(full, at))
 
     if blocks.format == "Q4_1":
         nibbles = full[..., 4:]  # [padded, nb, 16]: byte j holds inputs j (low) and j + 16

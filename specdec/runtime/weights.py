@@ -240,29 +240,29 @@ class Proj:
            blocks: Blocks | None = None, name: str = "") -> Proj:
         """``blocks``: w as its GGUF holds it, run as codes where the layout says so and they
         decode bitwise to w (``name`` says which weight in the log when they do not)."""
-        if layout.int8 and w.dtype == torch.float32 and w.device.type == "cpu":
-            codes = quantized_panels(w, blocks, name)  # the check that they are w's
-            if codes is not None:
-                return cls(w, None, bias, int8=int8_kernel.pack(blocks, w.shape[0]))
+        if layout.int8 and w.dtype == torch.float32 and w.device.type == "cpu" and \
+                checked(w, blocks, name):
+            return cls(w, None, bias, int8=int8_kernel.pack(blocks, w.shape[0]))
         if layout.panels and panel_kernel.usable(w):
-            codes = quantized_panels(w, blocks, name) if layout.quantized else None
+            codes = None
+            if layout.quantized and checked(w, blocks, name):
+                codes = qpanels.pack(blocks, w.shape[0])
             return cls(w, None, bias, panels=panel_kernel.pack(w), codes=codes)
         return cls(w, w.t().contiguous() if layout.single_row_copy else None, bias,
                    packed_weight(w) if layout.pack and can_pack(w) else None)
 
 
-def quantized_panels(w: torch.Tensor, blocks: Blocks | None, name: str) -> qpanels.QPanels | None:
-    """The codes of w as panels, or None (logged) when there are none or they do not decode
-    bitwise to w."""
+def checked(w: torch.Tensor, blocks: Blocks | None, name: str) -> bool:
+    """Whether there are GGUF blocks of w that decode bitwise to it; logged when not (w then
+    runs on float32 panels)."""
     if blocks is None:
         log.warning("%s has no GGUF blocks: it runs on float32 panels", name)
-        return None
-    codes = qpanels.pack(blocks, w.shape[0])
-    if not qpanels.matches(codes, w):
+        return False
+    if not blocks.decode_to(w):
         log.warning("%s: its GGUF blocks do not decode to its weight: it runs on float32 panels",
                     name)
-        return None
-    return codes
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -329,6 +329,12 @@ class Weights:
         return cls(shape, model.model.embed_tokens.weight.detach(), layers,
                    model.model.norm.weight.detach(), linears.head(model),
                    cos.to(device), signed(sin).to(device))
+
+
+    def projections(self) -> list[Proj]:
+        """Every layer's four projections, then the lm_head: a pass's linears, in order."""
+        return [p for layer in self.layers
+                for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
 
 
 @dataclass(frozen=True)

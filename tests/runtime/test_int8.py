@@ -107,8 +107,8 @@ def test_a_model_on_int8_gives_each_request_its_logits_alone_in_a_ragged_batch(f
     pass, bitwise as each runs alone; and near the float32 panels' logits."""
     model, blocks = quantized_llama(fmt)
     w = Weights.from_hf(model, blocks=blocks, **linear_flags("int8", blocks=True))
-    projs = [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    assert all(p.int8 is not None and p.panels is None for p in [*projs, w.lm_head])
+    projs = w.projections()
+    assert all(p.int8 is not None and p.panels is None for p in projs)
     prompts = [list(range(3, 3 + n)) for n in (37, 5, 20, 9)]
     news = [[7], [8, 9, 10], list(range(11, 23)), [4, 5]]
 
@@ -176,8 +176,8 @@ def test_the_default_target_on_auto_runs_int8_and_a_verify_is_its_decodes():
     for linears in ("auto", "panels"):
         target = load_target("smollm2-135m", dtype="float32", kv_slots=2, linears=linears)
         w, fwd = target.runtime.w, target.runtime
-        projs = [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        assert all((p.int8 is not None) == (linears == "auto") for p in [*projs, w.lm_head])
+        projs = w.projections()
+        assert all((p.int8 is not None) == (linears == "auto") for p in projs)
         slots = [fwd.pool.acquire() for _ in range(2)]
         for slot in slots:
             fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])

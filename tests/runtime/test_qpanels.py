@@ -176,8 +176,8 @@ def test_the_default_target_runs_on_its_gguf_codes_and_computes_what_float32_doe
     for linears in ("quantized", "panels"):
         target = load_target("smollm2-135m", dtype="float32", kv_slots=1, linears=linears)
         w, fwd = target.runtime.w, target.runtime
-        projs = [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        assert all((p.codes is not None) == (linears == "quantized") for p in [*projs, w.lm_head])
+        projs = w.projections()
+        assert all((p.codes is not None) == (linears == "quantized") for p in projs)
         slot = fwd.pool.acquire()
         fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
         outs.append([fwd([Row(slot, [5], logits_at=[0])])[0].logits,

@@ -75,7 +75,7 @@ def layer_us(B: int, T: int, heads: int, kv_heads: int, d: int) -> dict[str, flo
 def main() -> None:
     torch.set_num_threads(2)
     builds = {"before": old_panels(), "now": panels._build()}
-    target = load_target("smollm2-135m", dtype="float32", kv_slots=1)
+    target = load_target("smollm2-135m", dtype="float32", kv_slots=1, linears="panels")
     w = target.runtime.w
     s = w.shape
     assert w.lm_head.panels is not None and attend.unavailable() is None, "no kernels here"

@@ -37,12 +37,6 @@ CONTEXT = 160
 KINDS = ("int8", "codes", "panels")
 
 
-def projections(w: Weights) -> list:
-    """Every layer's four projections and the lm_head, in pass order."""
-    return [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [
-        w.lm_head]
-
-
 def linears_ms(int8s: list, floats: list, kind: str, rows: int) -> float:
     inputs = {}
     t0 = time.perf_counter()
@@ -69,7 +63,7 @@ def main() -> None:
     weights = {"int8": target.runtime.w,
                "quantized": Weights.from_hf(target.model, blocks=blocks,
                                             **linear_flags("quantized", blocks=True))}
-    int8s, floats = projections(weights["int8"]), projections(weights["quantized"])
+    int8s, floats = weights["int8"].projections(), weights["quantized"].projections()
     assert all(p.int8 is not None for p in int8s), "the int8 kernel does not run here"
     result = {"linears_ms": []}
     with torch.inference_mode():

@@ -32,12 +32,6 @@ PROMPTS = (32, 100)
 CONTEXT = 160
 
 
-def projections(w: Weights) -> list:
-    """Every layer's four projections and the lm_head, in pass order."""
-    return [p for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [
-        w.lm_head]
-
-
 def linears_ms(projs: list, kind: str, rows: int) -> float:
     inputs = {}
     t0 = time.perf_counter()
@@ -52,10 +46,11 @@ def linears_ms(projs: list, kind: str, rows: int) -> float:
 
 def main() -> None:
     torch.set_num_threads(2)
-    target = load_target("smollm2-135m", dtype="float32", kv_slots=1)
+    # "auto": auto's pick when this was recorded, the codes to qpanels.ROWS rows (now: quantized)
+    target = load_target("smollm2-135m", dtype="float32", kv_slots=1, linears="quantized")
     weights = {"auto": target.runtime.w,
                "panels": Weights.from_hf(target.model, panels=True, quantized=False)}
-    projs = projections(weights["auto"])
+    projs = weights["auto"].projections()
     assert all(p.codes is not None for p in projs), "the codes do not run here"
     result = {"rows_on_codes": qpanels.ROWS, "linears_ms": []}
     with torch.inference_mode():
