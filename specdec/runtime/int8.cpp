@@ -14,14 +14,23 @@
 // byte, which vpdpbusd needs on one side): 128 * sum(qa) is taken off the integer sum. Scales:
 // float16 [P, in / 32, 2 (dw, mw) or 1 (dw), 16].
 //
+// On a CPU with AMX (amx_int8), passes of at least ``amx_rows`` rows take their blocks' integer
+// sums from tile products instead (one tdpbsud a block: 16 rows x 16 outputs x 32 inputs, where
+// vpdpbusd needs 8 instructions a row); the float terms are the same code on the same sums.
+//
 // Integer sums are exact and every output's float terms are the same chain in the same order,
-// whatever the number of rows, the tile a row falls in or the thread that runs it: a row's
-// outputs are bitwise its outputs alone (tests/runtime/test_int8.py checks it).
+// whatever the number of rows, the path (vpdpbusd or tiles), the tile a row falls in or the
+// thread that runs it: a row's outputs are bitwise its outputs alone (tests/runtime/test_int8.py
+// checks it).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +45,7 @@ namespace {
 constexpr int WIDTH = 16;     // outputs a panel holds: int32 or float lanes of one vector
 constexpr int64_t BLOCK = 32;  // inputs a block's scales cover (GGUF's blocks and the rows')
 constexpr int ROWS = 12;      // rows of a tile: 2 x ROWS accumulators + the weights in registers
+constexpr int TILE_ROWS = 16;  // rows of an AMX tile product (its accumulators: 16 registers)
 
 // A row's int8 codes per block of 32 inputs: codes [M, in], and per block the scale da, the
 // codes' sum and da times that sum.
@@ -98,6 +108,17 @@ struct Q4_1 {
       }
     }
   }
+  // The block's codes as an AMX B tile (8 rows of 16 outputs x 4 inputs, one byte a code): row
+  // g holds the low nibbles of vector g (inputs 4g..4g+3), row 4 + g its high ones (16 + 4g..).
+  static const uint8_t* tile(const uint8_t* codes, uint8_t* scratch) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i v = _mm512_loadu_si512(codes + g * 64);
+      _mm512_store_si512(scratch + g * 64, _mm512_and_si512(v, low));
+      _mm512_store_si512(scratch + (4 + g) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    }
+    return scratch;
+  }
   // acc += dw * da * isum + mw * (da * sum(qa))
   static __m512 scale(__m512 acc, __m512i isum, const __m512* w, float da, float s, int32_t) {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(w[0], _mm512_set1_ps(da)), acc);
@@ -115,6 +136,8 @@ struct Q8_0 {
       for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], v, bcast(xq[r] + 4 * g));
     }
   }
+  // Its 8 vectors are already an AMX B tile's 8 rows.
+  static const uint8_t* tile(const uint8_t* codes, uint8_t*) { return codes; }
   // acc += dw * da * (isum - 128 * sum(qa))
   static __m512 scale(__m512 acc, __m512i isum, const __m512* w, float da, float, int32_t sum) {
     const __m512i exact = _mm512_sub_epi32(isum, _mm512_set1_epi32(sum * 128));
@@ -159,10 +182,102 @@ constexpr std::array<Tile<F>, sizeof...(R)> tiles(std::integer_sequence<int, R..
 template <class F>
 constexpr auto TILES = tiles<F>(std::make_integer_sequence<int, ROWS>{});  // [R - 1]: R rows
 
+// ---- AMX: a block's integer sums for 16 rows at once --------------------------------------
+
+// Whether this CPU has AMX int8 tiles and Linux lets this process use them (asked once: the
+// kernel must grant a process the tile state before its first tile instruction).
+bool amx_ready() {
+  static const bool ready = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tiles = (d >> 24) & 1u, int8 = (d >> 25) & 1u;  // AMX-TILE, AMX-INT8
+    constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return tiles && int8 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ready;
+}
+
+// tmm0-3: C, 16 rows x 16 int32 sums; tmm4 and 6: A, 16 rows x 32 int8 codes (a block's);
+// tmm5 and 7: B, 8 rows x 64 bytes (16 outputs x 4 inputs).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, BLOCK, 64, BLOCK, 64};
+  uint8_t rows[16] = {TILE_ROWS, TILE_ROWS, TILE_ROWS, TILE_ROWS,
+                      TILE_ROWS, BLOCK / 4, TILE_ROWS, BLOCK / 4};
+};
+
+// The float terms of blocks [b, b + n) for the R rows from row m, from their integer sums.
+template <class F, int R>
+inline void scale_blocks(const Rows& x, int64_t m, const uint16_t* scales, int b, int n,
+                         const int32_t (*sums)[TILE_ROWS][WIDTH], __m512* acc) {
+  for (int j = 0; j < n; ++j) {
+    __m512 w[F::SCALES];
+    for (int k = 0; k < F::SCALES; ++k) w[k] = half16(scales + ((b + j) * F::SCALES + k) * WIDTH);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m + r) * x.blocks + b + j;
+      const __m512i isum = _mm512_load_si512(sums[j][r]);
+      acc[r] = F::scale(acc[r], isum, w, x.d[at], x.s[at], x.sum[at]);
+    }
+  }
+}
+
+// y[r, 16p + i] for the R rows from row m (their codes padded to 16 rows) and one panel p: the
+// blocks' integer sums from tile products, four blocks in flight (tiles 0-3 hold their sums,
+// 4-7 their rows and codes), then the same float terms as ``tile``, block by block. Its tiles
+// must be configured (``TileConfig``).
+template <class F, int R>
+void amx_tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* scales, float* y,
+              int64_t out, const float* bias, __mmask16 mask) {
+  alignas(64) int32_t sums[4][TILE_ROWS][WIDTH];
+  alignas(64) uint8_t scratch[4][BLOCK / 4 * 64];
+  __m512 acc[R];
+  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r] = b0;
+  const int8_t* rows = x.q + m * x.in;
+  const auto bytes = [&](int b, int j) { return F::tile(codes + b * F::BYTES, scratch[j]); };
+  constexpr int64_t SUMS = WIDTH * sizeof(int32_t);
+  int b = 0;
+  for (; b + 4 <= x.blocks; b += 4) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, rows + b * BLOCK, x.in);
+    _tile_loadd(5, bytes(b, 0), 64);
+    _tile_dpbsud(0, 4, 5);  // signed row codes times unsigned weight codes, as vpdpbusd
+    _tile_loadd(6, rows + (b + 1) * BLOCK, x.in);
+    _tile_loadd(7, bytes(b + 1, 1), 64);
+    _tile_dpbsud(1, 6, 7);
+    _tile_loadd(4, rows + (b + 2) * BLOCK, x.in);
+    _tile_loadd(5, bytes(b + 2, 2), 64);
+    _tile_dpbsud(2, 4, 5);
+    _tile_loadd(6, rows + (b + 3) * BLOCK, x.in);
+    _tile_loadd(7, bytes(b + 3, 3), 64);
+    _tile_dpbsud(3, 6, 7);
+    _tile_stored(0, sums[0], SUMS); _tile_stored(1, sums[1], SUMS);
+    _tile_stored(2, sums[2], SUMS); _tile_stored(3, sums[3], SUMS);
+    scale_blocks<F, R>(x, m, scales, b, 4, sums, acc);
+  }
+  for (; b < x.blocks; ++b) {
+    _tile_zero(0);
+    _tile_loadd(4, rows + b * BLOCK, x.in);
+    _tile_loadd(5, bytes(b, 0), 64);
+    _tile_dpbsud(0, 4, 5);
+    _tile_stored(0, sums[0], SUMS);
+    scale_blocks<F, R>(x, m, scales, b, 1, sums, acc);
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m + r) * out, mask, acc[r]);
+}
+
+template <class F, int... R>
+constexpr std::array<Tile<F>, sizeof...(R)> amx_tiles(std::integer_sequence<int, R...>) {
+  return {&amx_tile<F, R + 1>...};
+}
+
+template <class F>
+constexpr auto AMX_TILES = amx_tiles<F>(std::make_integer_sequence<int, TILE_ROWS>{});
+
 template <class F>
 torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
                         const torch::Tensor& scales, int64_t out,
-                        const c10::optional<torch::Tensor>& bias) {
+                        const c10::optional<torch::Tensor>& bias, int64_t amx_rows) {
   const int64_t P = codes.size(0), nb = codes.size(1), in = nb * BLOCK;
   TORCH_CHECK(codes.size(2) == F::BYTES, "codes must be [P, in / 32, ", F::BYTES,
               "] for this format");
@@ -184,14 +299,17 @@ torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
   const int64_t M = x.size(0);
   auto y = torch::empty({M, out}, x.options());
   if (M == 0) return y;
+  const bool amx = amx_rows > 0 && M >= amx_rows && amx_ready();
   // the rows' codes and scales, in the calling thread's buffer (a pass makes ~120 calls: four
-  // tensors a call cost more than a small call's products)
+  // tensors a call cost more than a small call's products); the codes have room for whole tiles
+  // of rows (the rows past M are read, never used)
   thread_local std::vector<int32_t> buffer;
-  buffer.resize(M * (in / 4 + 3 * nb));
+  const int64_t padded = (M + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+  buffer.resize(padded * in / 4 + 3 * M * nb);
   auto* q = reinterpret_cast<int8_t*>(buffer.data());
-  auto* d = reinterpret_cast<float*>(buffer.data() + M * in / 4);
+  auto* d = reinterpret_cast<float*>(buffer.data() + padded * in / 4);
   float* s = d + M * nb;
-  int32_t* sum = buffer.data() + M * (in / 4 + 2 * nb);
+  int32_t* sum = reinterpret_cast<int32_t*>(s + M * nb);
   const float* xs = x.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) { quantize(xs, in, lo, hi, q, d, s, sum); });
   const Rows rows{q, d, s, sum, in, nb};
@@ -199,17 +317,24 @@ torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
   const auto* ss = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const float* bs = b.defined() ? b.data_ptr<float>() : nullptr;
   float* ys = y.data_ptr<float>();
+  const int step = amx ? TILE_ROWS : ROWS;
+  const Tile<F>* kernels = amx ? AMX_TILES<F>.data() : TILES<F>.data();
   at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
+    if (amx) {  // a thread's tile configuration is its own, and oneDNN may have loaded another
+      const TileConfig config;
+      _tile_loadconfig(&config);
+    }
     for (int64_t p = lo; p < hi; ++p) {
       const int64_t col = p * WIDTH;
       const int64_t valid = std::min<int64_t>(WIDTH, out - col);
       const auto mask = static_cast<__mmask16>((1u << valid) - 1u);
-      for (int64_t m = 0; m < M; m += ROWS) {
-        const int R = static_cast<int>(std::min<int64_t>(ROWS, M - m));
-        TILES<F>[R - 1](rows, m, cs + p * nb * F::BYTES, ss + p * nb * F::SCALES * WIDTH,
-                        ys + col, out, bs ? bs + col : nullptr, mask);
+      for (int64_t m = 0; m < M; m += step) {
+        const int R = static_cast<int>(std::min<int64_t>(step, M - m));
+        kernels[R - 1](rows, m, cs + p * nb * F::BYTES, ss + p * nb * F::SCALES * WIDTH,
+                       ys + col, out, bs ? bs + col : nullptr, mask);
       }
     }
+    if (amx) _tile_release();
   });
   return y;
 }
@@ -218,15 +343,15 @@ torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
 
 // x [M, in] float32; codes uint8 [P, in / 32, 256 (Q4_1) or 512 (Q8_0)] and scales float16
 // [P, in / 32, 2 (Q4_1: dw, mw) or 1 (Q8_0: dw), 16] (P * 16 >= out); bias [out] or None ->
-// [M, out].
+// [M, out]. Passes of at least amx_rows rows (0: none) run on AMX tiles where the CPU has them.
 torch::Tensor linear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t out,
-                     c10::optional<torch::Tensor> bias) {
+                     c10::optional<torch::Tensor> bias, int64_t amx_rows) {
   TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kByte && codes.is_contiguous(),
               "codes must be a contiguous uint8 [P, in / 32, bytes] tensor");
-  if (codes.size(2) == Q4_1::BYTES) return linear_as<Q4_1>(x, codes, scales, out, bias);
+  if (codes.size(2) == Q4_1::BYTES) return linear_as<Q4_1>(x, codes, scales, out, bias, amx_rows);
   TORCH_CHECK(codes.size(2) == Q8_0::BYTES, "codes of ", codes.size(2),
               " bytes a block are neither Q4_1's (256) nor Q8_0's (512)");
-  return linear_as<Q8_0>(x, codes, scales, out, bias);
+  return linear_as<Q8_0>(x, codes, scales, out, bias, amx_rows);
 }
 
 // x [M, in] float32 -> (codes int8 [M, in], da [M, in / 32], da * sum [M, in / 32], sum int32
@@ -248,6 +373,7 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x [M, in] @ the codes' weight^T (+ bias), on int8 rows -> [M, out]");
   m.def("quantize_rows", &quantize_rows, "x's rows as the linear quantizes them");
+  m.def("amx_ready", &amx_ready, "whether this CPU and process run AMX int8 tiles");
   m.attr("BLOCK") = BLOCK;
   m.attr("WIDTH") = WIDTH;
 }

@@ -38,13 +38,15 @@ from specdec.runtime import kernels
 
 SOURCE = Path(__file__).with_name("int8.cpp")
 NEEDS = ("avx512bw", "avx512_vnni")  # CPU features int8.cpp is compiled for, beyond AVX-512F
+MAY_USE = ("amx_tile", "amx_int8")  # and those it uses where the CPU has them (checked there)
+AMX_ROWS = 16  # passes of at least this many rows run on AMX tiles where the CPU has them
 WIDTH = 16  # as in int8.cpp: outputs a panel holds
 
 
 @functools.cache
 def _build():
     """The compiled extension, or the reason it cannot be had here (a str)."""
-    ext = kernels.build(SOURCE, NEEDS)
+    ext = kernels.build(SOURCE, NEEDS, MAY_USE)
     if not isinstance(ext, str):
         assert (ext.WIDTH, ext.BLOCK) == (WIDTH, BLOCK), "int8.py and int8.cpp disagree"
     return ext
@@ -92,12 +94,21 @@ def pack(blocks: Blocks, out: int) -> Codes:
     return Codes(blocks.format, codes.contiguous(), scales.contiguous(), out)
 
 
-def linear(x: torch.Tensor, w: Codes, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes.
-    (The runtime's rows come flat, [N, in], and go straight through: a pass makes ~120 calls.)"""
+def amx() -> bool:
+    """Whether the kernel runs passes of ``AMX_ROWS`` rows or more on AMX tiles here."""
+    return unavailable() is None and _build().amx_ready()
+
+
+def linear(x: torch.Tensor, w: Codes, bias: torch.Tensor | None = None,
+           amx_rows: int | None = None) -> torch.Tensor:
+    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes;
+    passes of at least ``amx_rows`` rows (0: none) take the integer sums from AMX tiles where
+    the CPU has them (None: ``AMX_ROWS``), bitwise the same outputs. (The runtime's rows come
+    flat, [N, in], and go straight through: a pass makes ~120 calls.)"""
+    amx_rows = AMX_ROWS if amx_rows is None else amx_rows
     if x.dim() == 2:
-        return _build().linear(x, w.codes, w.scales, w.out, bias)
-    y = _build().linear(x.reshape(-1, x.shape[-1]), w.codes, w.scales, w.out, bias)
+        return _build().linear(x, w.codes, w.scales, w.out, bias, amx_rows)
+    y = _build().linear(x.reshape(-1, x.shape[-1]), w.codes, w.scales, w.out, bias, amx_rows)
     return y.view(*x.shape[:-1], w.out)
 
 

@@ -42,11 +42,18 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+def gcc_flag(feature: str) -> str:
+    """gcc's flag for a CPU feature by cpuinfo's name (``avx512_vnni``: ``-mavx512vnni``,
+    ``amx_int8``: ``-mamx-int8``)."""
+    return "-m" + feature.replace("_", "-" if feature.startswith("amx") else "")
+
+
 @functools.cache
-def build(source: Path, needs: tuple[str, ...] = ()):
+def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = ()):
     """The extension compiled from ``source`` (named ``specdec_<stem>``), or the reason it
     cannot be had here (a str). ``needs``: CPU features beyond AVX-512F it is compiled for
-    (cpuinfo's names: ``avx512_vnni`` is gcc's ``-mavx512vnni``)."""
+    (cpuinfo's names: ``avx512_vnni`` is gcc's ``-mavx512vnni``); ``may_use``: features it is
+    compiled for too but checks for itself at run time (``amx_int8``)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return f"the CPU is {platform.machine()}, not x86-64"
     missing = [f for f in ("avx512f", *needs) if f not in cpu_flags()]
@@ -57,7 +64,7 @@ def build(source: Path, needs: tuple[str, ...] = ()):
         name = f"specdec_{source.stem}"
         clear_stale_lock(name)
         with own_ninja():
-            flags = FLAGS + [f"-m{f.replace('_', '')}" for f in needs]
+            flags = FLAGS + [gcc_flag(f) for f in (*needs, *may_use)]
             return load(name, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                         verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on

@@ -1,7 +1,7 @@
 """The linear on GGUF codes times int8 rows (specdec/runtime/int8.py, int8.cpp): its rows are
 quantized as llama.cpp's Q8 blocks are; its products are the exact integer products, scaled,
 across the row tiles; every row's outputs are bitwise its outputs alone, in any batch and on
-any number of threads; a model on it decodes the same tokens with speculation as without;
+any number of threads, on AMX tiles as on vpdpbusd; a model on it decodes the same tokens with speculation as without;
 ``linears: auto`` picks it for a model with blocks; and bad input is refused."""
 
 from __future__ import annotations
@@ -78,6 +78,31 @@ def test_every_row_is_bitwise_its_outputs_alone(fmt, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.skipif(not int8.amx(), reason="no AMX int8 tiles here")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_amx_tiles_give_bitwise_the_vpdpbusd_outputs(fmt, threads):
+    """The tile path against the vpdpbusd one on the same rows: 1 to 40 rows (whole and partial
+    16-row tiles), 1 to 8 blocks (the tiles' groups of four and the blocks left over), with and
+    without a bias; and both near the exact integer products."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows, inputs, outputs in [(1, 32, 16), (5, 96, 40), (16, 128, 33), (17, 160, 48),
+                                      (40, 256, 80)]:
+            x, blocks, bias = case(rows, inputs, outputs, fmt, seed=rows)
+            w = int8.pack(blocks, outputs)
+            for b in (None, bias):
+                tiles = int8.linear(x, w, b, amx_rows=1)
+                vnni = int8.linear(x, w, b, amx_rows=0)
+                assert torch.equal(tiles.view(torch.int32), vnni.view(torch.int32)), (rows, inputs)
+                want = int8.reference(x, blocks, outputs) + (0 if b is None else b.double())
+                assert torch.allclose(tiles.double(), want, rtol=0,
+                                      atol=2e-6 * float(want.abs().max()) + 1e-6)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bad_input_is_refused_with_the_reason():
     x, blocks, _ = case(3, 64, 32, "Q4_1")
     w = int8.pack(blocks, 32)
@@ -86,13 +111,13 @@ def test_bad_input_is_refused_with_the_reason():
     with pytest.raises(RuntimeError, match="inputs"):
         int8.linear(torch.randn(3, 96), w)
     with pytest.raises(RuntimeError, match="does not fit"):
-        int8._build().linear(x, w.codes, w.scales, 33, None)
+        int8._build().linear(x, w.codes, w.scales, 33, None, 0)
     with pytest.raises(RuntimeError, match="bias"):
         int8.linear(x, w, torch.randn(31))
     with pytest.raises(RuntimeError, match="neither"):
-        int8._build().linear(x, w.codes[:, :, :100].contiguous(), w.scales, 32, None)
+        int8._build().linear(x, w.codes[:, :, :100].contiguous(), w.scales, 32, None, 0)
     with pytest.raises(RuntimeError, match="scales"):
-        int8._build().linear(x, w.codes, w.scales.float(), 32, None)
+        int8._build().linear(x, w.codes, w.scales.float(), 32, None, 0)
 
 
 def forward_of(weights: Weights, slots: int = 4) -> Forward:
