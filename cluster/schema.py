@@ -107,7 +107,9 @@ class ServeArgs(Strict):
     block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
     suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
-    dtype: Literal[DTYPE_NAMES] = "float32"  # auto: sources.auto_dtype
+    # auto (sources.auto_dtype): float32 for a model whose linears run int8 rows on its GGUF
+    # codes (below), else bfloat16 on a CPU with AMX, else float32
+    dtype: Literal[DTYPE_NAMES] = "float32"
     # how the target attends (specdec.runtime.model): auto: a batch-invariant target (bfloat16
     # on a CPU) grouped where its probe passes at load, else per_query; float32 on a CPU
     # specdec's kernel (runtime.attend) where it builds, else SDPA. kernel: that kernel or an

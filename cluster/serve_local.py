@@ -25,13 +25,16 @@ def describe(args: dict) -> str:
     """One line saying what the app serves: the pair, the dtype, the policy and the verifier."""
     from cluster.schema import ServeArgs
     from specdec.engine.settings import SpecSettings
-    from specdec.models.sources import parse_dtype
+    from specdec.models.sources import NAMED_SOURCES, parse_dtype
+    from specdec.runtime.weights import int8_rows
 
     a = ServeArgs.model_validate(args)
     spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
     verify = spec.verify or "strict (greedy; sampling at temperature > 0)"
     drafter = a.drafter if a.drafter != "hybrid" else f"hybrid (suffix + {a.block_drafter})"
-    dtype = a.dtype if a.dtype != "auto" else f"auto ({str(parse_dtype('auto')).removeprefix('torch.')})"
+    int8 = int8_rows(a.target in NAMED_SOURCES, a.linears)  # a named source keeps its blocks
+    auto = str(parse_dtype("auto", int8_rows=int8)).removeprefix("torch.")
+    dtype = a.dtype if a.dtype != "auto" else f"auto ({auto}{', int8 rows' if int8 else ''})"
     return (f"serving target={a.target} drafter={drafter} policy={spec.policy} "
             f"verify={verify} dtype={dtype} batching max_batch={a.batching.max_batch}")
 

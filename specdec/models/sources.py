@@ -65,25 +65,35 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 DTYPE_NAMES = (*sorted(DTYPES), "auto")
 
 
-def parse_dtype(name: str | torch.dtype, device: str | torch.device | None = "cpu") -> torch.dtype:
-    """A dtype by name; ``auto`` picks the one this device serves best (``auto_dtype``)."""
+def parse_dtype(name: str | torch.dtype, device: str | torch.device | None = "cpu",
+                int8_rows: bool = False) -> torch.dtype:
+    """A dtype by name; ``auto`` picks the one this device serves best (``auto_dtype``), given
+    whether the model would run int8 rows on its GGUF codes in float32 (``int8_rows``)."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
-        return auto_dtype(parse_device(device))
+        return auto_dtype(parse_device(device), int8_rows)
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {list(DTYPE_NAMES)}")
     return DTYPES[name]
 
 
-def auto_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 on a CPU with AMX, else float32. There bfloat16 is lossless (its passes are batch
-    invariant, ``specdec.runtime.model``) and rows are cheap: a pass over 8 requests x 4 tokens
-    costs 1.4x one over 8 x 1 (float32: 1.5x), and served speculative decoding made 1.25x
-    float32's tokens/s at 1 client, 1.23x at 8 and 1.47x at 16 (docs/BENCHMARKS.md, 2026-12-02).
-    On CPUs without AMX a bfloat16 row costs about what a float32 one does and the exact pieces
-    are short (1 row on an AMD EPYC with avx512_bf16); on GPUs bfloat16 passes are not batch
-    invariant, so verification would not commit plain decoding's tokens."""
+def auto_dtype(device: torch.device, int8_rows: bool = False) -> torch.dtype:
+    """float32 for a model that runs int8 rows on its GGUF codes there (``int8_rows``: a named
+    source, ``linears`` auto or int8, a CPU where ``specdec.runtime.int8`` runs); else bfloat16
+    on a CPU with AMX, else float32.
+
+    - int8 rows beat AMX's bfloat16 on the AMX Xeon (2026-12-05, docs/BENCHMARKS.md): a decode's
+      pass 7.7 against 33.3 ms, 8 x 4 rows 40.8 against 66.0; served SD made 2.6x bfloat16's
+      tokens/s at 1 client and 1.7x at 8.
+    - bfloat16 on AMX is lossless (its passes are batch invariant) and its rows are cheap: a
+      pass over 8 requests x 4 tokens costs 1.4x one over 8 x 1 (float32: 1.5x), and served SD
+      made 1.25x float32's tokens/s at 1 client, 1.23x at 8 (2026-12-02).
+    - On CPUs without AMX a bfloat16 row costs about what a float32 one does and the exact
+      pieces are short (1 row on an AMD EPYC with avx512_bf16); on GPUs bfloat16 passes are not
+      batch invariant, so verification would not commit plain decoding's tokens."""
+    if int8_rows and device.type == "cpu":
+        return torch.float32
     return torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else torch.float32
 
 

@@ -30,7 +30,7 @@ from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_device, parse_dtype, resolve
 from specdec.runtime import Forward, KVPool, Row, Weights, unsupported
 from specdec.runtime.model import ATTENTIONS
-from specdec.runtime.weights import linear_flags
+from specdec.runtime.weights import int8_rows, linear_flags
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "runtime", "transformers")
@@ -110,11 +110,12 @@ class TargetModel:
                         device="cpu", backend: str = "auto", pool_size: int = 8,
                         attention: str = "auto", linears: str = "auto"):
         path = resolve(ref)
+        blocks = gguf_blocks.load(path) if linears in ("auto", "int8", "quantized") else None
+        dtype = parse_dtype(dtype, device, int8_rows=int8_rows(blocks is not None, linears))
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=parse_dtype(dtype, device), use_safetensors=True
+            path, dtype=dtype, use_safetensors=True
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        blocks = gguf_blocks.load(path) if linears in ("auto", "int8", "quantized") else None
         return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
                    attention=attention, linears=linears, blocks=blocks)
 

@@ -152,8 +152,10 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "x [N, H] -> RMSNorm(x) * w");
-  m.def("rope_write", &rope_write,
+  // the products run without the GIL: the actor's other threads (Ray's, the requests') go on
+  const auto FREE = py::call_guard<py::gil_scoped_release>();
+  m.def("rms_norm", &rms_norm, FREE, "x [N, H] -> RMSNorm(x) * w");
+  m.def("rope_write", &rope_write, FREE,
         "qkv [N, (h + 2 kvh) d] -> queries with RoPE [N, h, d]; keys and values into the caches");
-  m.def("silu_mul", &silu_mul, "gate_up [N, 2I] -> silu(gate) * up [N, I]");
+  m.def("silu_mul", &silu_mul, FREE, "gate_up [N, 2I] -> silu(gate) * up [N, I]");
 }

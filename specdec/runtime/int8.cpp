@@ -371,7 +371,10 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "x [M, in] @ the codes' weight^T (+ bias), on int8 rows -> [M, out]");
+  // the products run without the GIL: the actor's other threads (Ray's, the requests') go on
+  const auto FREE = py::call_guard<py::gil_scoped_release>();
+  m.def("linear", &linear, FREE,
+        "x [M, in] @ the codes' weight^T (+ bias), on int8 rows -> [M, out]");
   m.def("quantize_rows", &quantize_rows, "x's rows as the linear quantizes them");
   m.def("amx_ready", &amx_ready, "whether this CPU and process run AMX int8 tiles");
   m.attr("BLOCK") = BLOCK;

@@ -89,12 +89,18 @@ def linear_flags(linears: str, blocks: bool = False) -> dict:
         raise ValueError(f"linears: {linears} needs the model's GGUF blocks "
                          "(a named source keeps them), and this model has none")
     if linears == "auto":
-        int8 = blocks and int8_kernel.unavailable() is None
+        int8 = int8_rows(blocks, linears)
         return dict(panels=None, quantized=blocks and not int8, int8=int8)
     return {"int8": dict(panels=True, quantized=False, int8=True),
             "quantized": dict(panels=True, quantized=True, int8=False),
             "panels": dict(panels=True, quantized=False, int8=False),
             "torch": dict(panels=False, quantized=False, int8=False)}[linears]
+
+
+def int8_rows(blocks: bool, linears: str) -> bool:
+    """Whether a float32 model with (or without) its GGUF blocks runs int8 rows on them under
+    ``linears`` (auto: where the int8 kernel runs here; int8: asked for, checked at load)."""
+    return blocks and (linears == "int8" or linears == "auto" and int8_kernel.unavailable() is None)
 
 
 def can_pack(w: torch.Tensor) -> bool:

@@ -23,6 +23,16 @@ def test_auto_dtype_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch, amx):
     assert sources.auto_dtype(torch.device("cuda")) is torch.float32  # not batch invariant there
 
 
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_dtype_is_float32_for_a_model_on_int8_rows(monkeypatch, amx):
+    """A model whose linears run int8 rows on its GGUF codes is served in float32, AMX or not
+    (its rows beat bfloat16's on AMX); on a GPU there are no int8 rows."""
+    monkeypatch.setattr(sources, "cpu_has_amx", lambda: amx)
+    assert parse_dtype("auto", int8_rows=True) is torch.float32
+    assert parse_dtype("bfloat16", int8_rows=True) is torch.bfloat16  # a name is a name
+    assert sources.auto_dtype(torch.device("cuda"), int8_rows=True) is torch.float32
+
+
 
 def test_auto_device_is_the_gpu_only_when_one_is_visible():
     expected = "cuda" if torch.cuda.is_available() else "cpu"

@@ -14,7 +14,7 @@ from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.models.ngram import NgramDrafter
 from specdec.models.target import TargetModel
 from specdec.runtime import Forward, KVPool, Row, Weights, int8
-from specdec.runtime.weights import linear_flags
+from specdec.runtime.weights import int8_rows, linear_flags
 from tests.conftest import PROMPTS
 from tests.runtime.test_qpanels import FORMATS, case, decoded, quantize_weights, quantized_llama
 
@@ -186,6 +186,8 @@ def test_speculation_on_int8_commits_plain_decodings_tokens(tiny_llama):
 
 def test_auto_picks_int8_for_a_model_with_blocks_and_int8_needs_them():
     assert linear_flags("auto", blocks=True) == {"panels": None, "quantized": False, "int8": True}
+    assert int8_rows(True, "auto") and int8_rows(True, "int8")
+    assert not int8_rows(False, "auto") and not int8_rows(True, "quantized")
     assert linear_flags("int8", blocks=True)["int8"]
     with pytest.raises(ValueError, match="linears: int8 needs the model's GGUF blocks"):
         linear_flags("int8")
@@ -214,3 +216,16 @@ def test_the_default_target_on_auto_runs_int8_and_a_verify_is_its_decodes():
         logits[linears] = verify
     gap = float((logits["auto"] - logits["panels"]).abs().max())
     assert 0 < gap < 0.1 * float(logits["panels"].abs().max())
+
+
+def test_the_default_target_on_dtype_auto_is_float32_on_int8_rows():
+    """``dtype: auto`` (the served default) loads SmolLM2-135M in float32 wherever its linears
+    run int8 rows, on an AMX CPU too, and in ``auto_dtype``'s pick when they are off."""
+    from specdec.engine.loading import load_target
+    from specdec.models.sources import auto_dtype
+
+    target = load_target("smollm2-135m", dtype="auto", kv_slots=1)
+    assert target.dtype is torch.float32 and target.runtime.w.lm_head.int8 is not None
+    plain = load_target("smollm2-135m", dtype="auto", kv_slots=1, linears="torch")
+    assert plain.dtype is auto_dtype(torch.device("cpu"))
+
