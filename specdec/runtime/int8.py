@@ -21,6 +21,13 @@ On the 2-core AMD EPYC (2026-12-04) the projections of a pass took 3.2 / 6.2 / 2
 1 / 8 / 32 / 128 rows, the float32 panels' 12.8 / 14.8 / 32.6 / 114.0 (and the float32 codes' 6.5
 at one row); a decode's whole pass 3.4 ms against 6.8, a 100-token prefill 34.6 against 61.2.
 
+On a CPU with AMX (amx_int8), passes of ``AMX_ROWS`` rows or more take each block's integer sums
+for 16 rows from one tile product; the float terms after it are the same, so the outputs are
+bitwise the ``vpdpbusd`` path's. On the 2-core AMX Xeon (2026-12-05, docs/benchmarks/amx-int8/)
+a 1536 x 576 projection took 0.89x the time at 16 rows and 0.76x at 128, 2.5x at one row (so
+short passes keep ``vpdpbusd``); a 16 x 4 pass 0.77x. The float terms, one conversion and two
+fused multiply-adds per block, row and output, are then half the work.
+
 ``pack`` lays a weight's GGUF blocks out for the kernel; ``reference`` is the same product in
 float64 from torch's integer matmuls, for tests.
 """
