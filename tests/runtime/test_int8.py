@@ -103,6 +103,20 @@ def test_amx_tiles_give_bitwise_the_vpdpbusd_outputs(fmt, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.skipif(not int8.amx(), reason="no AMX int8 tiles here")
+def test_amx_tiles_hold_after_onednn_loaded_its_own_tile_configuration():
+    """oneDNN runs bfloat16 linears on AMX tiles with configurations of its own, in the same
+    threads: the int8 linear loads its own each call, so its products stay bitwise."""
+    x, blocks, bias = case(33, 128, 48, "Q4_1", seed=5)
+    w = int8.pack(blocks, 48)
+    want = int8.linear(x, w, bias, amx_rows=0)
+    a, b = torch.randn(64, 576).bfloat16(), torch.randn(200, 576).bfloat16()
+    for _ in range(3):
+        torch.nn.functional.linear(a, b)  # oneDNN's AMX bfloat16 kernel where it runs
+        assert torch.equal(int8.linear(x, w, bias, amx_rows=1).view(torch.int32),
+                           want.view(torch.int32))
+
+
 def test_bad_input_is_refused_with_the_reason():
     x, blocks, _ = case(3, 64, 32, "Q4_1")
     w = int8.pack(blocks, 32)
