@@ -260,7 +260,7 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // the products run without the GIL: the actor's other threads (Ray's, the requests') go on
+  // the kernels run without the GIL: the actor's other threads (Ray's, the requests') go on
   const auto FREE = py::call_guard<py::gil_scoped_release>();
   m.def("attend", &attend, FREE,
         "short rows' queries [N, h, d] against their KV slots -> [N, h * d] (see attend.cpp)");

@@ -152,7 +152,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // the products run without the GIL: the actor's other threads (Ray's, the requests') go on
+  // the kernels run without the GIL: the actor's other threads (Ray's, the requests') go on
   const auto FREE = py::call_guard<py::gil_scoped_release>();
   m.def("rms_norm", &rms_norm, FREE, "x [N, H] -> RMSNorm(x) * w");
   m.def("rope_write", &rope_write, FREE,

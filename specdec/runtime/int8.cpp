@@ -145,6 +145,20 @@ struct Q8_0 {
   }
 };
 
+// acc[r] += block b's float terms for the R rows from row m, from their integer sums
+// (isum(r)): the one place both paths (vpdpbusd and AMX tiles) scale a block, so their outputs
+// are bitwise the same.
+template <class F, int R, class Sums>
+inline void add_block(const Rows& x, int64_t m, const uint16_t* scales, int64_t b, Sums isum,
+                      __m512* acc) {
+  __m512 w[F::SCALES];
+  for (int j = 0; j < F::SCALES; ++j) w[j] = half16(scales + (b * F::SCALES + j) * WIDTH);
+  for (int r = 0; r < R; ++r) {
+    const int64_t at = (m + r) * x.blocks + b;
+    acc[r] = F::scale(acc[r], isum(r), w, x.d[at], x.s[at], x.sum[at]);
+  }
+}
+
 // y[r, 16p + i] for the tile's R rows (from row m) and one panel p.
 template <class F, int R>
 void tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* scales, float* y,
@@ -160,12 +174,7 @@ void tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* scales
       xq[r] = x.q + (m + r) * x.in + b * BLOCK;
     }
     F::template block<R>(codes + b * F::BYTES, xq, isum);
-    __m512 w[F::SCALES];
-    for (int j = 0; j < F::SCALES; ++j) w[j] = half16(scales + (b * F::SCALES + j) * WIDTH);
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (m + r) * x.blocks + b;
-      acc[r] = F::scale(acc[r], isum[r], w, x.d[at], x.s[at], x.sum[at]);
-    }
+    add_block<F, R>(x, m, scales, b, [&](int r) { return isum[r]; }, acc);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m + r) * out, mask, acc[r]);
 }
@@ -206,21 +215,6 @@ struct alignas(64) TileConfig {
                       TILE_ROWS, BLOCK / 4, TILE_ROWS, BLOCK / 4};
 };
 
-// The float terms of blocks [b, b + n) for the R rows from row m, from their integer sums.
-template <class F, int R>
-inline void scale_blocks(const Rows& x, int64_t m, const uint16_t* scales, int b, int n,
-                         const int32_t (*sums)[TILE_ROWS][WIDTH], __m512* acc) {
-  for (int j = 0; j < n; ++j) {
-    __m512 w[F::SCALES];
-    for (int k = 0; k < F::SCALES; ++k) w[k] = half16(scales + ((b + j) * F::SCALES + k) * WIDTH);
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (m + r) * x.blocks + b + j;
-      const __m512i isum = _mm512_load_si512(sums[j][r]);
-      acc[r] = F::scale(acc[r], isum, w, x.d[at], x.s[at], x.sum[at]);
-    }
-  }
-}
-
 // y[r, 16p + i] for the R rows from row m (their codes padded to 16 rows) and one panel p: the
 // blocks' integer sums from tile products, four blocks in flight (tiles 0-3 hold their sums,
 // 4-7 their rows and codes), then the same float terms as ``tile``, block by block. Its tiles
@@ -235,34 +229,32 @@ void amx_tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* sc
   for (int r = 0; r < R; ++r) acc[r] = b0;
   const int8_t* rows = x.q + m * x.in;
   const auto bytes = [&](int b, int j) { return F::tile(codes + b * F::BYTES, scratch[j]); };
+  const auto add = [&](int b, int j) {  // block b's float terms from its sums in sums[j]
+    add_block<F, R>(x, m, scales, b, [&](int r) { return _mm512_load_si512(sums[j][r]); }, acc);
+  };
   constexpr int64_t SUMS = WIDTH * sizeof(int32_t);
+// block k's sums into tile c, from its rows in tile a and its codes in tile w (scratch j)
+#define SPECDEC_PRODUCT(c, a, w, k, j)       \
+  _tile_zero(c);                            \
+  _tile_loadd(a, rows + (k) * BLOCK, x.in); \
+  _tile_loadd(w, bytes(k, j), 64);          \
+  _tile_dpbsud(c, a, w)  // signed row codes times unsigned weight codes, as vpdpbusd
   int b = 0;
   for (; b + 4 <= x.blocks; b += 4) {
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    _tile_loadd(4, rows + b * BLOCK, x.in);
-    _tile_loadd(5, bytes(b, 0), 64);
-    _tile_dpbsud(0, 4, 5);  // signed row codes times unsigned weight codes, as vpdpbusd
-    _tile_loadd(6, rows + (b + 1) * BLOCK, x.in);
-    _tile_loadd(7, bytes(b + 1, 1), 64);
-    _tile_dpbsud(1, 6, 7);
-    _tile_loadd(4, rows + (b + 2) * BLOCK, x.in);
-    _tile_loadd(5, bytes(b + 2, 2), 64);
-    _tile_dpbsud(2, 4, 5);
-    _tile_loadd(6, rows + (b + 3) * BLOCK, x.in);
-    _tile_loadd(7, bytes(b + 3, 3), 64);
-    _tile_dpbsud(3, 6, 7);
+    SPECDEC_PRODUCT(0, 4, 5, b, 0);
+    SPECDEC_PRODUCT(1, 6, 7, b + 1, 1);
+    SPECDEC_PRODUCT(2, 4, 5, b + 2, 2);
+    SPECDEC_PRODUCT(3, 6, 7, b + 3, 3);
     _tile_stored(0, sums[0], SUMS); _tile_stored(1, sums[1], SUMS);
     _tile_stored(2, sums[2], SUMS); _tile_stored(3, sums[3], SUMS);
-    scale_blocks<F, R>(x, m, scales, b, 4, sums, acc);
+    for (int j = 0; j < 4; ++j) add(b + j, j);
   }
   for (; b < x.blocks; ++b) {
-    _tile_zero(0);
-    _tile_loadd(4, rows + b * BLOCK, x.in);
-    _tile_loadd(5, bytes(b, 0), 64);
-    _tile_dpbsud(0, 4, 5);
+    SPECDEC_PRODUCT(0, 4, 5, b, 0);
     _tile_stored(0, sums[0], SUMS);
-    scale_blocks<F, R>(x, m, scales, b, 1, sums, acc);
+    add(b, 0);
   }
+#undef SPECDEC_PRODUCT
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m + r) * out, mask, acc[r]);
 }
 
@@ -371,7 +363,7 @@ std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // the products run without the GIL: the actor's other threads (Ray's, the requests') go on
+  // the kernels run without the GIL: the actor's other threads (Ray's, the requests') go on
   const auto FREE = py::call_guard<py::gil_scoped_release>();
   m.def("linear", &linear, FREE,
         "x [M, in] @ the codes' weight^T (+ bias), on int8 rows -> [M, out]");

@@ -295,10 +295,11 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor codes, torch::Tensor scales
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // the products run without the GIL: the actor's other threads (Ray's, the requests') go on
+  // the kernels run without the GIL: the actor's other threads (Ray's, the requests') go on
   const auto FREE = py::call_guard<py::gil_scoped_release>();
   m.def("linear", &linear, FREE, "x [M, in] @ the panels' weight^T (+ bias) -> [M, out]");
-  m.def("qlinear", &qlinear, FREE, "x [M, in] @ the quantized panels' weight^T (+ bias) -> [M, out]");
+  m.def("qlinear", &qlinear, FREE,
+        "x [M, in] @ the quantized panels' weight^T (+ bias) -> [M, out]");
   m.attr("BLOCK") = BLOCK;
   m.attr("PANELS") = PANELS;
   m.attr("WIDTH") = WIDTH;

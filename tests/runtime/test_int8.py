@@ -1,8 +1,9 @@
 """The linear on GGUF codes times int8 rows (specdec/runtime/int8.py, int8.cpp): its rows are
 quantized as llama.cpp's Q8 blocks are; its products are the exact integer products, scaled,
 across the row tiles; every row's outputs are bitwise its outputs alone, in any batch and on
-any number of threads, on AMX tiles as on vpdpbusd; a model on it decodes the same tokens with speculation as without;
-``linears: auto`` picks it for a model with blocks; and bad input is refused."""
+any number of threads, on AMX tiles as on vpdpbusd; a model on it decodes the same tokens with
+speculation as without; ``linears: auto`` picks it for a model with blocks (and ``dtype: auto``
+float32 for it); and bad input is refused."""
 
 from __future__ import annotations
 
@@ -242,4 +243,3 @@ def test_the_default_target_on_dtype_auto_is_float32_on_int8_rows():
     assert target.dtype is torch.float32 and target.runtime.w.lm_head.int8 is not None
     plain = load_target("smollm2-135m", dtype="auto", kv_slots=1, linears="torch")
     assert plain.dtype is auto_dtype(torch.device("cpu"))
-
