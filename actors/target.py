@@ -84,14 +84,15 @@ class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                  threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu",
                  kv_slots: int = 8, batching: dict | None = None, local_drafter: dict | None = None,
-                 attention: str = "auto", linears: str = "auto"):
+                 attention: str = "auto", linears: str = "auto", kv_cache_dtype: str = "auto"):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
 
         def build() -> TargetWorker:  # on the scheduler's thread, the one model thread
             target = load_target(target_ref, drafter_ref, dtype, device, kv_slots,
-                                 attention=attention, linears=linears)
+                                 attention=attention, linears=linears,
+                                 kv_cache_dtype=kv_cache_dtype)
             return TargetWorker(target, features=bool(target_taps(drafter_ref)))
 
         self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching),

@@ -31,11 +31,14 @@ def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -
     return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
 
-def cached_forward(weights: Weights, context: int, **options) -> Forward:
+def cached_forward(weights: Weights, context: int, cache: torch.dtype | None = None,
+                   **options) -> Forward:
     """A forward whose slots 0..CACHED-1 hold ``context`` cached tokens each, slot CACHED
-    taken for prompts (``options``: ``Forward``'s)."""
+    taken for prompts; its KV pool in ``cache`` (None: the weights' dtype); ``options``:
+    ``Forward``'s."""
     s = weights.shape
-    pool = KVPool(s.layers, CACHED + 1, s.kv_heads, s.max_len, s.head_dim, weights.embed.dtype)
+    pool = KVPool(s.layers, CACHED + 1, s.kv_heads, s.max_len, s.head_dim,
+                  cache or weights.embed.dtype)
     fwd = Forward(weights, pool, **options)
     for _ in range(CACHED):
         fwd([Row(pool.acquire(), list(range(5, 5 + context)), logits_at=[context - 1],

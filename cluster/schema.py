@@ -21,7 +21,7 @@ from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
 from specdec.models.sources import DTYPE_NAMES
-from specdec.runtime.model import ATTENTION_NAMES
+from specdec.runtime.model import ATTENTION_NAMES, KV_CACHE_DTYPES
 from specdec.runtime.weights import LINEARS
 
 BATCHING = BatchingConfig()
@@ -123,6 +123,11 @@ class ServeArgs(Strict):
     # (runtime.qpanels), a model without them specdec's float32 panels; else torch's. int8,
     # quantized and panels: those or an error at load; torch: oneDNN's and MKL's
     linears: Literal[LINEARS] = "auto"
+    # how the target's KV pool stores keys and values (specdec.runtime.cache_dtype): auto:
+    # float16 for float32 passes on specdec's attention kernel (half the bytes a batch of
+    # decodes reads; llama.cpp's default too), else the model's dtype; model: the model's;
+    # float16: float16 or an error at load
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

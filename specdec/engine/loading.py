@@ -47,14 +47,16 @@ def target_taps(drafter_ref: str, block_drafter: str | None = None) -> tuple[int
 def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                 device: str = "cpu", kv_slots: int = 8,
                 block_drafter: str | None = None, attention: str = "auto",
-                linears: str = "auto") -> TargetModel:
+                linears: str = "auto", kv_cache_dtype: str = "auto") -> TargetModel:
     """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime it
     holds at most ``kv_slots`` requests' KV caches at once and, batch invariant, attends the
     ``attention`` way (``specdec.runtime.model.ATTENTIONS``; auto: its probe decides); its
-    ``linears`` as ``specdec.runtime.weights.linear_flags`` reads them."""
+    ``linears`` as ``specdec.runtime.weights.linear_flags`` reads them; its KV caches in
+    ``kv_cache_dtype`` (``specdec.runtime.cache_dtype``)."""
     taps = target_taps(drafter_ref, block_drafter)
     return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=taps, device=device,
-                                       pool_size=kv_slots, attention=attention, linears=linears)
+                                       pool_size=kv_slots, attention=attention, linears=linears,
+                                       kv_cache_dtype=kv_cache_dtype)
 
 
 def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from specdec.models import gguf_blocks
 from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_device, parse_dtype, resolve
-from specdec.runtime import Forward, KVPool, Row, Weights, unsupported
+from specdec.runtime import Forward, KVPool, Row, Weights, cache_dtype, unsupported
 from specdec.runtime.model import ATTENTIONS
 from specdec.runtime.weights import int8_rows, linear_flags
 
@@ -70,9 +70,11 @@ class TargetModel:
 
     def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = (), backend: str = "auto",
                  pool_size: int = 8, attention: str = "auto", linears: str = "auto",
-                 blocks: dict[str, gguf_blocks.Blocks] | None = None):
+                 blocks: dict[str, gguf_blocks.Blocks] | None = None,
+                 kv_cache_dtype: str = "auto"):
         """``linears``: as ``linear_flags`` reads them; ``blocks``: the GGUF blocks of the
-        model's linears (``gguf_blocks.load``), which the quantized linears run."""
+        model's linears (``gguf_blocks.load``), which the quantized linears run;
+        ``kv_cache_dtype``: how the KV pool stores keys and values (``runtime.cache_dtype``)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         config = model.config
@@ -93,8 +95,10 @@ class TargetModel:
                                       **linear_flags(linears, blocks is not None))
             s = weights.shape
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
-                          self.dtype, self.device)
+                          cache_dtype(weights, kv_cache_dtype, attention), self.device)
             self.runtime = Forward(weights, pool, self.tap_layers, attention=attention)
+            if pool.k[0].dtype != self.dtype:
+                log.info("KV caches: %s (kv_cache_dtype %s)", pool.k[0].dtype, kv_cache_dtype)
         if self.runtime is not None and self.runtime.w.lm_head.int8 is not None:
             log.info("linears: the GGUF's codes times int8 rows (specdec.runtime.int8, "
                      "llama.cpp's numerics; linears: quantized keeps float32's)")
@@ -108,7 +112,8 @@ class TargetModel:
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),
                         device="cpu", backend: str = "auto", pool_size: int = 8,
-                        attention: str = "auto", linears: str = "auto"):
+                        attention: str = "auto", linears: str = "auto",
+                        kv_cache_dtype: str = "auto"):
         path = resolve(ref)
         blocks = gguf_blocks.load(path) if linears in ("auto", "int8", "quantized") else None
         dtype = parse_dtype(dtype, device, int8_rows=int8_rows(blocks is not None, linears))
@@ -117,7 +122,8 @@ class TargetModel:
         ).to(parse_device(device))
         tokenizer = AutoTokenizer.from_pretrained(path)
         return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
-                   attention=attention, linears=linears, blocks=blocks)
+                   attention=attention, linears=linears, blocks=blocks,
+                   kv_cache_dtype=kv_cache_dtype)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

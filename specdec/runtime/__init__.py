@@ -5,8 +5,9 @@
 reference the tests compare against; its forward is not on this path. It never imports ray.
 """
 
-from specdec.runtime.model import Forward, Row, RowOutput
+from specdec.runtime.model import KV_CACHE_DTYPES, Forward, Row, RowOutput, cache_dtype
 from specdec.runtime.pool import KVPool, PoolFull
 from specdec.runtime.weights import Weights, unsupported
 
-__all__ = ["Forward", "KVPool", "PoolFull", "Row", "RowOutput", "Weights", "unsupported"]
+__all__ = ["KV_CACHE_DTYPES", "Forward", "KVPool", "PoolFull", "Row", "RowOutput", "Weights",
+           "cache_dtype", "unsupported"]

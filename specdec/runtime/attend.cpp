@@ -33,11 +33,17 @@ using specdec::WIDTH;
 using specdec::exp16;
 using specdec::first_lanes;
 
+// 16 floats of a cache row: float32, or float16 widened (exactly) to float32.
+inline __m512 load16(const float* at) { return _mm512_loadu_ps(at); }
+inline __m512 load16(const uint16_t* at) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+}
+
 // A key's NV * 16 products with the query, summed to 16 lanes in one fixed chain.
-template <int NV>
-inline __m512 key_products(const __m512* qv, const float* key) {
-  __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-  for (int i = 1; i < NV; ++i) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + i * WIDTH), a);
+template <int NV, class C>
+inline __m512 key_products(const __m512* qv, const C* key) {
+  __m512 a = _mm512_mul_ps(qv[0], load16(key));
+  for (int i = 1; i < NV; ++i) a = _mm512_fmadd_ps(qv[i], load16(key + i * WIDTH), a);
   return a;
 }
 
@@ -59,14 +65,16 @@ inline __m512 lane_sums(const __m512* a) {
                        _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
 }
 
-// The queries of one task (see the top): query i is token i / g's head i % g of the group.
+// The queries of one task (see the top): query i is token i / g's head i % g of the group. C:
+// the caches' element, float (float32) or uint16_t (float16's bits).
+template <class C>
 struct Task {
   const float* q;     // token 0's first head of the group; token t's at q + t * q_row
   int64_t q_row;
   float* out;         // likewise, out_row apart
   int64_t out_row;
-  const float* k;     // the kv head's cache in the row's slot, [max_len, d]
-  const float* v;
+  const C* k;         // the kv head's cache in the row's slot, [max_len, d]
+  const C* v;
   int64_t c, n;       // cached and new tokens
   int64_t g;
   const uint8_t* seen;  // token 0's row of seen (S apart), or null: causal
@@ -82,8 +90,8 @@ struct Scratch {
 };
 
 // Scaled scores of a query (qv) against `count` <= 16 key rows, into out[0..count-1].
-template <int NV>
-inline void score_block(const __m512* qv, const float* const* keys, int count, float scale,
+template <int NV, class C>
+inline void score_block(const __m512* qv, const C* const* keys, int count, float scale,
                         float* out) {
   __m512 a[WIDTH];
   for (int j = 0; j < WIDTH; ++j)
@@ -111,8 +119,8 @@ inline float weights(float* sc, int64_t M) {
   return _mm512_reduce_add_ps(total);
 }
 
-template <int NV>
-void attend_task(const Task& t, Scratch& s) {
+template <int NV, class C>
+void attend_task(const Task<C>& t, Scratch& s) {
   constexpr int D = NV * WIDTH, QP = 16 / NV;  // QP queries' sums stay in registers at once
   const int64_t Q = t.n * t.g, stride = t.c + t.n;
   if (static_cast<int64_t>(s.scores.size()) < Q * stride) s.scores.resize(Q * stride);
@@ -127,7 +135,7 @@ void attend_task(const Task& t, Scratch& s) {
   }
   auto query = [&](int64_t i) { return t.q + (i / t.g) * t.q_row + (i % t.g) * D; };
   __m512 qv[NV];
-  const float* rows[WIDTH];
+  const C* rows[WIDTH];
   for (int64_t m0 = 0; m0 < t.c; m0 += WIDTH) {  // the cached keys, 16 rows for every query
     const int count = static_cast<int>(std::min<int64_t>(WIDTH, t.c - m0));
     for (int j = 0; j < count; ++j) rows[j] = t.k + (m0 + j) * D;
@@ -155,7 +163,7 @@ void attend_task(const Task& t, Scratch& s) {
       for (int x = 0; x < NV; ++x) acc[a][x] = _mm512_setzero_ps();
     for (int64_t m = 0; m < t.c; ++m) {  // the cached values, one row for the QP queries
       __m512 vm[NV];
-      for (int x = 0; x < NV; ++x) vm[x] = _mm512_loadu_ps(t.v + m * D + x * WIDTH);
+      for (int x = 0; x < NV; ++x) vm[x] = load16(t.v + m * D + x * WIDTH);
       for (int a = 0; a < QP; ++a) {
         if (a >= many) break;
         const __m512 p = _mm512_set1_ps(s.scores[(i0 + a) * stride + m]);
@@ -167,10 +175,10 @@ void attend_task(const Task& t, Scratch& s) {
       const int* fresh = s.fresh.data() + (i / t.g) * t.n;
       const float* sc = s.scores.data() + i * stride + t.c;
       for (int u = 0; u < s.counts[i / t.g]; ++u) {
-        const float* vm = t.v + static_cast<int64_t>(fresh[u]) * D;
+        const C* vm = t.v + static_cast<int64_t>(fresh[u]) * D;
         const __m512 p = _mm512_set1_ps(sc[u]);
         for (int x = 0; x < NV; ++x)
-          acc[a][x] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vm + x * WIDTH), acc[a][x]);
+          acc[a][x] = _mm512_fmadd_ps(p, load16(vm + x * WIDTH), acc[a][x]);
       }
       const __m512 inverse = _mm512_set1_ps(1.0f / s.sums[i]);
       float* out = t.out + (i / t.g) * t.out_row + (i % t.g) * D;
@@ -179,41 +187,66 @@ void attend_task(const Task& t, Scratch& s) {
   }
 }
 
-using Run = void (*)(const Task&, Scratch&);
+template <class C>
+using Run = void (*)(const Task<C>&, Scratch&);
 
-Run pick(int64_t d) {
+template <class C>
+Run<C> pick(int64_t d) {
   switch (d) {
-    case 16: return &attend_task<1>;
-    case 32: return &attend_task<2>;
-    case 64: return &attend_task<4>;
-    case 128: return &attend_task<8>;
+    case 16: return &attend_task<1, C>;
+    case 32: return &attend_task<2, C>;
+    case 64: return &attend_task<4, C>;
+    case 128: return &attend_task<8, C>;
     default: return nullptr;
   }
 }
 
 }  // namespace
 
+// The rows' tasks on caches of element C (see ``attend`` below; its arguments checked).
+template <class C>
+void run_rows(const float* qs, int64_t q_row, const C* ks, const C* vs, const int64_t* table,
+              int64_t R, int64_t heads, int64_t kv_heads, int64_t L, int64_t d,
+              const uint8_t* sees, int64_t S, float scale, float* os) {
+  const Run<C> run = pick<C>(d);
+  const int64_t group = heads / kv_heads;
+  at::parallel_for(0, R * kv_heads, 1, [&](int64_t lo, int64_t hi) {
+    static thread_local Scratch scratch;
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t r = task / kv_heads, kv = task % kv_heads;
+      const int64_t start = table[4 * r], n = table[4 * r + 1], slot = table[4 * r + 2],
+                    c = table[4 * r + 3];
+      const int64_t head = (slot * kv_heads + kv) * L * d;  // the kv head in the row's slot
+      const Task<C> t{qs + start * q_row + kv * group * d, q_row, os + start * heads * d + kv * group * d,
+                      heads * d, ks + head, vs + head, c, n, group,
+                      sees ? sees + start * S : nullptr, S, scale};
+      run(t, scratch);
+    }
+  });
+}
+
 // q [N, h, d] float32: the short rows' new tokens, flat (its rows may be strided); k_cache and
-// v_cache [slots, kvh, L, d]; rows [R, 4] int64: (first flat token, new tokens n, slot, cached
-// tokens c) of each row, the rows' tokens together exactly q's N; seen [N, S] uint8, S >= every
-// n: seen[i, u] says whether flat token i sees new token u of its row (empty: every earlier one
-// and itself). Every new key and value must be in the caches already. Returns [N, h * d].
+// v_cache [slots, kvh, L, d], both float32 or both float16 (read as float32, exactly); rows
+// [R, 4] int64: (first flat token, new tokens n, slot, cached tokens c) of each row, the rows'
+// tokens together exactly q's N; seen [N, S] uint8, S >= every n: seen[i, u] says whether flat
+// token i sees new token u of its row (empty: every earlier one and itself). Every new key and
+// value must be in the caches already. Returns [N, h * d].
 torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                      torch::Tensor rows, torch::Tensor seen, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.device().is_cpu(),
               "q must be a 3-d float32 CPU tensor [N, heads, d]");
+  const auto cache = k_cache.scalar_type();
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.scalar_type() == torch::kFloat && v_cache.scalar_type() == torch::kFloat &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "the caches must be contiguous float32 [slots, kv_heads, max_len, d] tensors");
-  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && rows.scalar_type() == torch::kLong,
-              "rows must be an int64 [R, 4] tensor");
+                  (cache == torch::kFloat || cache == torch::kHalf) &&
+                  v_cache.scalar_type() == cache && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "the caches must be contiguous float32 or float16 [slots, kv_heads, max_len, d] "
+              "tensors of one dtype");
   const int64_t N = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t slots = k_cache.size(0), kv_heads = k_cache.size(1), L = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == d, "q's head dim is ", d, ", the caches' ", k_cache.size(3));
   TORCH_CHECK(heads % kv_heads == 0, heads, " query heads do not share ", kv_heads, " kv heads");
-  const Run run = pick(d);
-  TORCH_CHECK(run != nullptr, "head dim ", d, " is not one of 16, 32, 64, 128");
+  TORCH_CHECK(pick<float>(d) != nullptr, "head dim ", d, " is not one of 16, 32, 64, 128");
   const bool causal = seen.numel() == 0;
   if (!causal)
     TORCH_CHECK(seen.dim() == 2 && seen.size(0) == N && seen.scalar_type() == torch::kByte,
@@ -222,6 +255,8 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   seen = seen.contiguous();
   if (q.stride(2) != 1 || q.stride(1) != d) q = q.contiguous();  // rows may be strided (a view
   const int64_t q_row = q.stride(0);                             // of the qkv projection's)
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && rows.scalar_type() == torch::kLong,
+              "rows must be an int64 [R, 4] tensor");
   const int64_t R = rows.size(0);
   const int64_t* table = rows.data_ptr<int64_t>();
   int64_t tokens = 0;
@@ -236,26 +271,18 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   }
   TORCH_CHECK(tokens == N, "the rows hold ", tokens, " tokens, q ", N);
   auto out = torch::empty({N, heads * d}, q.options());
-  const float* qs = q.data_ptr<float>();
-  const float* ks = k_cache.data_ptr<float>();
-  const float* vs = v_cache.data_ptr<float>();
   const uint8_t* sees = causal ? nullptr : seen.data_ptr<uint8_t>();
   const int64_t S = causal ? 0 : seen.size(1);
+  const float* qs = q.data_ptr<float>();
   float* os = out.data_ptr<float>();
-  const int64_t group = heads / kv_heads;
-  at::parallel_for(0, R * kv_heads, 1, [&](int64_t lo, int64_t hi) {
-    static thread_local Scratch scratch;
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t r = task / kv_heads, kv = task % kv_heads;
-      const int64_t start = table[4 * r], n = table[4 * r + 1], slot = table[4 * r + 2],
-                    c = table[4 * r + 3];
-      const int64_t head = (slot * kv_heads + kv) * L * d;  // the kv head in the row's slot
-      const Task t{qs + start * q_row + kv * group * d, q_row, os + start * heads * d + kv * group * d,
-                   heads * d, ks + head, vs + head, c, n, group,
-                   causal ? nullptr : sees + start * S, S, static_cast<float>(scale)};
-      run(t, scratch);
-    }
-  });
+  const auto f = static_cast<float>(scale);
+  if (cache == torch::kFloat)
+    run_rows<float>(qs, q_row, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), table, R,
+                    heads, kv_heads, L, d, sees, S, f, os);
+  else
+    run_rows<uint16_t>(qs, q_row, reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::Half>()),
+                       reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()), table, R,
+                       heads, kv_heads, L, d, sees, S, f, os);
   return out;
 }
 

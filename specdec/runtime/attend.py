@@ -48,8 +48,9 @@ def usable(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
            seen: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [N, h, d]: the short rows' new tokens, flat, against the caches [slots, kvh, L, d]
-    (every new key / value written already); rows [R, 4] int64: (first flat token, new tokens,
+    """q [N, h, d]: the short rows' new tokens, flat, against the caches [slots, kvh, L, d],
+    float32 or float16 (read exactly as float32; ``model.cache_dtype``), every new key / value
+    written already; rows [R, 4] int64: (first flat token, new tokens,
     slot, cached tokens) of each row; seen [N, S] uint8: which of its row's new tokens each
     token sees (empty: causal). Returns [N, h * d]."""
     return kernels.build(SOURCE).attend(q, k_cache, v_cache, rows, seen, scale)

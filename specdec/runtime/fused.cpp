@@ -13,7 +13,7 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstring>
+#include <cstdint>
 
 #include "simd.h"
 
@@ -63,18 +63,57 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return out;
 }
 
+// 16 floats into a cache row: float32, or float16 (rounded to nearest, ties to even, as
+// torch's conversion rounds).
+inline void store16(float* at, __m512 v) { _mm512_storeu_ps(at, v); }
+inline void store16(uint16_t* at, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(at),
+                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// ``rope_write``'s tokens [lo, hi) with caches of element C (float, or uint16_t: float16's bits).
+template <class C>
+void rope_rows(int64_t lo, int64_t hi, const float* xs, int64_t stride, const float* cs,
+               const float* sn, int64_t heads, int64_t kvh, int64_t L, int64_t d,
+               const int64_t* ss, const int64_t* ps, float* qs, C* ks, C* vs) {
+  const int64_t half = d / 2;
+  for (int64_t i = lo; i < hi; ++i) {
+    const float* row = xs + i * stride;
+    const float* c = cs + i * d;
+    const float* s = sn + i * d;
+    auto rope = [&](const float* x, auto* out) {
+      for (int64_t j = 0; j < d; j += WIDTH) {
+        const int64_t other = j < half ? j + half : j - half;
+        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(c + j));
+        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(x + other), _mm512_loadu_ps(s + j));
+        store16(out + j, _mm512_add_ps(a, b));
+      }
+    };
+    for (int64_t h = 0; h < heads; ++h) rope(row + h * d, qs + (i * heads + h) * d);
+    for (int64_t h = 0; h < kvh; ++h) {
+      const int64_t at = ((ss[i] * kvh + h) * L + ps[i]) * d;
+      rope(row + (heads + h) * d, ks + at);
+      const float* value = row + (heads + kvh + h) * d;
+      for (int64_t j = 0; j < d; j += WIDTH) store16(vs + at + j, _mm512_loadu_ps(value + j));
+    }
+  }
+}
+
 // qkv [N, (h + 2 kvh) d] (the qkv projection's output) -> the queries [N, h, d] with RoPE; the
-// keys (with RoPE) and the values go into the caches [slots, kvh, L, d] at (slots[i],
-// positions[i]). RoPE of a head x: x * cos + x rolled by d / 2 * sin_signed (cos, sin_signed:
-// [N, d], each token's rows).
+// keys (with RoPE) and the values go into the caches [slots, kvh, L, d] (both float32 or both
+// float16) at (slots[i], positions[i]). RoPE of a head x: x * cos + x rolled by d / 2 *
+// sin_signed (cos, sin_signed: [N, d], each token's rows).
 torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed,
                          torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
                          torch::Tensor positions, int64_t heads) {
   check_rows(qkv, "qkv");
+  const auto cache = k_cache.scalar_type();
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.scalar_type() == torch::kFloat && v_cache.scalar_type() == torch::kFloat &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "the caches must be contiguous float32 [slots, kv_heads, max_len, d] tensors");
+                  (cache == torch::kFloat || cache == torch::kHalf) &&
+                  v_cache.scalar_type() == cache && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "the caches must be contiguous float32 or float16 [slots, kv_heads, max_len, d] "
+              "tensors of one dtype");
   const int64_t N = qkv.size(0), kvh = k_cache.size(1), L = k_cache.size(2), d = k_cache.size(3);
   TORCH_CHECK(d % (2 * WIDTH) == 0, "the head dim must be a multiple of 32, not ", d);
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kvh) * d, "qkv has ", qkv.size(1), " columns, not (",
@@ -98,30 +137,16 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   const float* xs = qkv.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin_signed.data_ptr<float>();
-  float* ks = k_cache.data_ptr<float>();
-  float* vs = v_cache.data_ptr<float>();
   float* qs = q.data_ptr<float>();
-  const int64_t stride = qkv.stride(0), half = d / 2;
+  const int64_t stride = qkv.stride(0);
   at::parallel_for(0, N, 4, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float* row = xs + i * stride;
-      const float* c = cs + i * d;
-      const float* s = sn + i * d;
-      auto rope = [&](const float* x, float* out) {
-        for (int64_t j = 0; j < d; j += WIDTH) {
-          const int64_t other = j < half ? j + half : j - half;
-          const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(c + j));
-          const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(x + other), _mm512_loadu_ps(s + j));
-          _mm512_storeu_ps(out + j, _mm512_add_ps(a, b));
-        }
-      };
-      for (int64_t h = 0; h < heads; ++h) rope(row + h * d, qs + (i * heads + h) * d);
-      for (int64_t h = 0; h < kvh; ++h) {
-        const int64_t at = ((ss[i] * kvh + h) * L + ps[i]) * d;
-        rope(row + (heads + h) * d, ks + at);
-        std::memcpy(vs + at, row + (heads + kvh + h) * d, d * sizeof(float));
-      }
-    }
+    if (cache == torch::kFloat)
+      rope_rows(lo, hi, xs, stride, cs, sn, heads, kvh, L, d, ss, ps, qs,
+                k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+    else
+      rope_rows(lo, hi, xs, stride, cs, sn, heads, kvh, L, d, ss, ps, qs,
+                reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),
+                reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
   });
   return q;
 }

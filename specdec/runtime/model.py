@@ -447,10 +447,28 @@ class Forward:
         s = weights.shape
         self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
         dtype = weights.embed.dtype
-        if invariant is None:  # measured on CPUs only
-            invariant = weights.embed.device.type == "cpu" and BATCH_INVARIANT.get(dtype, False)
+        invariant, attention = self.plan_attention(weights, invariant, attention)
         # batch invariance: linears over at most this many rows at once (None: off)
         self.rows = invariant_rows(weights) if invariant else None
+        # grouped / per_query (batch invariant), kernel, or None: SDPA by padded groups
+        self.attention_kind = attention
+        cache = pool.k[0].dtype if pool.k else dtype
+        if cache != dtype and not (cache == torch.float16 and attention == "kernel"):
+            raise ValueError(f"a {cache} KV pool needs {dtype} passes that attend on the kernel "
+                             f"(float16 caches only; this one attends {attention or 'by SDPA'})")
+        # float32 on an AVX-512 CPU: the norms, RoPE with the KV write, and silu * up fused
+        # (``runtime.fused``; RoPE where the head dim fits it)
+        self.fused = not invariant and fused.usable(dtype, weights.embed.device)
+        self.fused_rope = self.fused and fused.rope_fits(s.head_dim)
+
+    @classmethod
+    def plan_attention(cls, weights: Weights, invariant: bool | None = None,
+                       attention: str = "auto") -> tuple[bool, str | None]:
+        """(whether the passes are batch invariant, how they attend: grouped / per_query, kernel,
+        or None for SDPA by padded groups), as ``__init__`` takes them."""
+        s, dtype = weights.shape, weights.embed.dtype
+        if invariant is None:  # measured on CPUs only
+            invariant = weights.embed.device.type == "cpu" and BATCH_INVARIANT.get(dtype, False)
         if attention not in ATTENTION_NAMES:
             raise ValueError(f"attention must be one of {list(ATTENTION_NAMES)}, not {attention!r}")
         if invariant and attention in PLAIN_ATTENTIONS:
@@ -460,13 +478,8 @@ class Forward:
             grouped = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, dtype)
             attention = "grouped" if grouped else "per_query"
         if not invariant:
-            attention = self._plain_attention(attention, dtype, weights.embed.device, s.head_dim)
-        # grouped / per_query (batch invariant), kernel, or None: SDPA by padded groups
-        self.attention_kind = attention if invariant or attention == "kernel" else None
-        # float32 on an AVX-512 CPU: the norms, RoPE with the KV write, and silu * up fused
-        # (``runtime.fused``; RoPE where the head dim fits it)
-        self.fused = not invariant and fused.usable(dtype, weights.embed.device)
-        self.fused_rope = self.fused and fused.rope_fits(s.head_dim)
+            attention = cls._plain_attention(attention, dtype, weights.embed.device, s.head_dim)
+        return invariant, attention if invariant or attention == "kernel" else None
 
     @staticmethod
     def _plain_attention(attention: str, dtype, device, head_dim: int) -> str | None:
@@ -606,6 +619,8 @@ class Forward:
             queries[g.where] = q
         lo, hi = g.span  # a view of the slots, no copy: [B, kvh, C, d]
         keys, values = pool.k[i][lo:hi, :, :g.C], pool.v[i][lo:hi, :, :g.C]
+        if keys.dtype != q.dtype:  # float16 caches of float32 passes (a long prompt chunk)
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
         scale = s.head_dim ** -0.5
         if g.head_mask is not None:  # batch invariant
             out = self.invariant_attention.attend(queries, keys, values, g.head_mask, scale)
@@ -646,3 +661,33 @@ class Forward:
                 tapped = torch.cat([taps[layer][where] for layer in self.tap_layers], dim=-1)
             out.append(RowOutput(row_logits, tapped))
         return out
+
+
+# How the KV pool stores keys and values (``cache_dtype``). float16 halves the bytes a pass
+# reads from its slots, which a batch of decodes is bound by on a CPU: on the 2-core AMX Xeon
+# with int8 rows (2026-12-06, 160 cached tokens, docs/benchmarks/kv-float16) a pass of 8 decodes
+# took 0.89x the time on float16 caches, 16 decodes 0.86x, one 0.95x; verifies of 4 tokens and a
+# prefill about the same (0.93-1.05x). llama.cpp's CPU backend keeps float16 caches by default too.
+KV_CACHE_DTYPES = ("auto", "model", "float16")
+
+
+def cache_dtype(weights: Weights, kv_cache_dtype: str = "auto", attention: str = "auto",
+                invariant: bool | None = None) -> torch.dtype:
+    """The dtype of the KV pool for a ``Forward(weights, ..., invariant, attention)``: model:
+    its passes' own; float16: float16 for float32 passes that attend on specdec's kernel (it
+    reads them exactly as float32; the keys and values are rounded once, when written), an
+    error elsewhere; auto: float16 where it can be, else the model's."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
+                         f"not {kv_cache_dtype!r}")
+    dtype = weights.embed.dtype
+    if kv_cache_dtype == "model":
+        return dtype
+    _, kind = Forward.plan_attention(weights, invariant, attention)
+    if kind == "kernel" and dtype == torch.float32:
+        return torch.float16
+    if kv_cache_dtype == "float16":
+        raise ValueError(f"kv_cache_dtype float16 needs float32 passes that attend on specdec's "
+                         f"kernel; these are {dtype} and attend "
+                         f"{kind or 'by SDPA'} (kv_cache_dtype: auto or model)")
+    return dtype

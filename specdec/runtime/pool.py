@@ -57,9 +57,10 @@ class KVPool:
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Token i's key / value go to ``slots[i]`` at ``positions[i]``; k, v: [N, kv_heads,
-        head_dim] (lengths move in ``advance``)."""
-        self.k[layer][slots, :, positions] = k
-        self.v[layer][slots, :, positions] = v
+        head_dim], rounded to the caches' dtype (lengths move in ``advance``)."""
+        cache = self.k[layer]
+        self.k[layer][slots, :, positions] = k.to(cache.dtype)
+        self.v[layer][slots, :, positions] = v.to(cache.dtype)
 
     def advance(self, slot: int, n: int) -> None:
         self.lengths[slot] += n
