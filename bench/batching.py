@@ -225,8 +225,8 @@ def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int)
 
 def references(apps: dict[str, dict]) -> dict[str, str]:
     """Each app's plain-decoding reference: the AR app of its own numerics, its dtype, its
-    batch-invariant attention, its linears and its KV caches (``ar`` when none is served), since other numerics
-    decode other tokens; ``sd_engine`` checks against ``sd``'s."""
+    batch-invariant attention, its linears and its KV caches (``ar`` when none is served),
+    since other numerics decode other tokens; ``sd_engine`` checks against ``sd``'s."""
     def numerics(args: dict) -> tuple:
         return (args.get("dtype"), args.get("attention", "auto"), args.get("linears", "auto"),
                 args.get("kv_cache_dtype", "auto"))

@@ -97,8 +97,8 @@ class TargetModel:
             pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
                           cache_dtype(weights, kv_cache_dtype, attention), self.device)
             self.runtime = Forward(weights, pool, self.tap_layers, attention=attention)
-            if pool.k[0].dtype != self.dtype:
-                log.info("KV caches: %s (kv_cache_dtype %s)", pool.k[0].dtype, kv_cache_dtype)
+            if pool.dtype != self.dtype:
+                log.info("KV caches: %s (kv_cache_dtype %s)", pool.dtype, kv_cache_dtype)
         if self.runtime is not None and self.runtime.w.lm_head.int8 is not None:
             log.info("linears: the GGUF's codes times int8 rows (specdec.runtime.int8, "
                      "llama.cpp's numerics; linears: quantized keeps float32's)")

@@ -32,12 +32,7 @@ namespace {
 using specdec::WIDTH;
 using specdec::exp16;
 using specdec::first_lanes;
-
-// 16 floats of a cache row: float32, or float16 widened (exactly) to float32.
-inline __m512 load16(const float* at) { return _mm512_loadu_ps(at); }
-inline __m512 load16(const uint16_t* at) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
-}
+using specdec::load16;
 
 // A key's NV * 16 products with the query, summed to 16 lanes in one fixed chain.
 template <int NV, class C>
@@ -201,8 +196,6 @@ Run<C> pick(int64_t d) {
   }
 }
 
-}  // namespace
-
 // The rows' tasks on caches of element C (see ``attend`` below; its arguments checked).
 template <class C>
 void run_rows(const float* qs, int64_t q_row, const C* ks, const C* vs, const int64_t* table,
@@ -225,6 +218,8 @@ void run_rows(const float* qs, int64_t q_row, const C* ks, const C* vs, const in
   });
 }
 
+}  // namespace
+
 // q [N, h, d] float32: the short rows' new tokens, flat (its rows may be strided); k_cache and
 // v_cache [slots, kvh, L, d], both float32 or both float16 (read as float32, exactly); rows
 // [R, 4] int64: (first flat token, new tokens n, slot, cached tokens c) of each row, the rows'
@@ -242,6 +237,8 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
                   v_cache.is_contiguous(),
               "the caches must be contiguous float32 or float16 [slots, kv_heads, max_len, d] "
               "tensors of one dtype");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && rows.scalar_type() == torch::kLong,
+              "rows must be an int64 [R, 4] tensor");
   const int64_t N = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t slots = k_cache.size(0), kv_heads = k_cache.size(1), L = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == d, "q's head dim is ", d, ", the caches' ", k_cache.size(3));
@@ -255,8 +252,6 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   seen = seen.contiguous();
   if (q.stride(2) != 1 || q.stride(1) != d) q = q.contiguous();  // rows may be strided (a view
   const int64_t q_row = q.stride(0);                             // of the qkv projection's)
-  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && rows.scalar_type() == torch::kLong,
-              "rows must be an int64 [R, 4] tensor");
   const int64_t R = rows.size(0);
   const int64_t* table = rows.data_ptr<int64_t>();
   int64_t tokens = 0;

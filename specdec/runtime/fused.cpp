@@ -22,6 +22,7 @@ namespace {
 using specdec::WIDTH;
 using specdec::exp16;
 using specdec::first_lanes;
+using specdec::store16;
 
 void check_rows(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&
@@ -61,14 +62,6 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
     }
   });
   return out;
-}
-
-// 16 floats into a cache row: float32, or float16 (rounded to nearest, ties to even, as
-// torch's conversion rounds).
-inline void store16(float* at, __m512 v) { _mm512_storeu_ps(at, v); }
-inline void store16(uint16_t* at, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(at),
-                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 // ``rope_write``'s tokens [lo, hi) with caches of element C (float, or uint16_t: float16's bits).

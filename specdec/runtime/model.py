@@ -452,7 +452,7 @@ class Forward:
         self.rows = invariant_rows(weights) if invariant else None
         # grouped / per_query (batch invariant), kernel, or None: SDPA by padded groups
         self.attention_kind = attention
-        cache = pool.k[0].dtype if pool.k else dtype
+        cache = pool.dtype
         if cache != dtype and not (cache == torch.float16 and attention == "kernel"):
             raise ValueError(f"a {cache} KV pool needs {dtype} passes that attend on the kernel "
                              f"(float16 caches only; this one attends {attention or 'by SDPA'})")
@@ -681,8 +681,8 @@ def cache_dtype(weights: Weights, kv_cache_dtype: str = "auto", attention: str =
         raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, "
                          f"not {kv_cache_dtype!r}")
     dtype = weights.embed.dtype
-    if kv_cache_dtype == "model":
-        return dtype
+    if kv_cache_dtype == "model" or (kv_cache_dtype == "auto" and dtype != torch.float32):
+        return dtype  # (other dtypes attend without the kernel: no attention plan, no probe)
     _, kind = Forward.plan_attention(weights, invariant, attention)
     if kind == "kernel" and dtype == torch.float32:
         return torch.float16

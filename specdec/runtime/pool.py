@@ -36,6 +36,11 @@ class KVPool:
         self.clean = [0] * slots  # positions below this hold finite values (written or zeroed)
         self.free = list(range(slots - 1, -1, -1))  # a stack: the lowest slot comes out first
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """How the caches store keys and values."""
+        return self.k[0].dtype
+
     def acquire(self) -> int:
         if not self.free:
             raise PoolFull(f"all {self.slots} KV cache slots are in use; retry when a request "
@@ -58,9 +63,8 @@ class KVPool:
               k: torch.Tensor, v: torch.Tensor) -> None:
         """Token i's key / value go to ``slots[i]`` at ``positions[i]``; k, v: [N, kv_heads,
         head_dim], rounded to the caches' dtype (lengths move in ``advance``)."""
-        cache = self.k[layer]
-        self.k[layer][slots, :, positions] = k.to(cache.dtype)
-        self.v[layer][slots, :, positions] = v.to(cache.dtype)
+        self.k[layer][slots, :, positions] = k.to(self.dtype)
+        self.v[layer][slots, :, positions] = v.to(self.dtype)
 
     def advance(self, slot: int, n: int) -> None:
         self.lengths[slot] += n

@@ -29,4 +29,17 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 16 floats of a KV cache row (float32, or float16's bits as uint16_t): loaded as float32 (a
+// float16 widened exactly), stored from float32 (to float16 rounded to nearest, ties to even, as
+// torch's conversion rounds).
+inline __m512 load16(const float* at) { return _mm512_loadu_ps(at); }
+inline __m512 load16(const uint16_t* at) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+}
+inline void store16(float* at, __m512 v) { _mm512_storeu_ps(at, v); }
+inline void store16(uint16_t* at, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(at),
+                      _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
 }  // namespace specdec

@@ -133,19 +133,22 @@ def float32_model():
     return AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG), dtype=torch.float32).eval()
 
 
-def forward(model, attention: str = "auto", slots: int = 3) -> Forward:
+def forward(model, attention: str = "auto", slots: int = 3,
+            cache: torch.dtype = torch.float32) -> Forward:
     w = Weights.from_hf(model)
     s = w.shape
-    return Forward(w, KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim, torch.float32),
+    return Forward(w, KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim, cache),
                    attention=attention)
 
 
-def test_float32_verifies_are_bitwise_the_decodes_of_their_tokens(float32_model):
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16])
+def test_float32_verifies_are_bitwise_the_decodes_of_their_tokens(float32_model, cache):
     """On the kernel a float32 token's logits do not depend on its pass: a 5-token causal verify
     next to another request, and a tree verify's branch, equal decoding the same tokens one by
-    one (so speculative decoding in float32 commits exactly plain decoding's tokens)."""
-    fwd = forward(float32_model)
-    assert fwd.attention_kind == "kernel"
+    one (so speculative decoding in float32 commits exactly plain decoding's tokens), on float32
+    and on float16 KV caches (``kv_cache_dtype``)."""
+    fwd = forward(float32_model, cache=cache)
+    assert fwd.attention_kind == "kernel" and fwd.pool.dtype == cache
     prompt, draft = list(range(3, 23)), [5, 9, 11, 2, 7]
     a, b, c = (fwd.pool.acquire() for _ in range(3))
     for slot in (a, b, c):

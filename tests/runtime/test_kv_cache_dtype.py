@@ -1,8 +1,8 @@
 """float16 KV caches of float32 passes (``kv_cache_dtype``): the attention kernel reads them as
-exactly the float32 values they hold, RoPE's write rounds as torch's conversion does, the forward
-on them keeps every token bitwise its result alone (a verify is its decodes, so speculative
-decoding commits plain decoding's tokens), a long prompt chunk through SDPA reads them too, and
-which dtype each setting gives (or why it cannot)."""
+exactly the float32 values they hold, RoPE's write rounds as torch's conversion does, a long
+prompt chunk through SDPA reads them too, and which dtype each setting gives (or why it cannot).
+That a verify on them is bitwise its decodes (so speculative decoding commits plain decoding's
+tokens) is ``test_attend``'s."""
 
 from __future__ import annotations
 
@@ -73,23 +73,6 @@ def test_rope_writes_float16_caches_as_torch_rounds_the_float32_ones():
     assert torch.equal(q, q16)  # the queries stay float32
     for a, b in zip(wide, half, strict=True):
         assert torch.equal(a.half(), b)
-
-
-def test_on_float16_caches_a_verify_is_bitwise_its_decodes(weights):
-    fwd = forward(weights, torch.float16)
-    assert fwd.attention_kind == "kernel" and fwd.pool.k[0].dtype == torch.float16
-    prompt, draft = list(range(3, 23)), [5, 9, 11, 2, 7]
-    a, b, c = (fwd.pool.acquire() for _ in range(3))
-    for slot in (a, b, c):
-        fwd([Row(slot, prompt, logits_at=[19], chunk=True)])
-    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
-    verify, branch = fwd([Row(a, draft, logits_at=range(5)),
-                          Row(c, [5, 9, 11, 2], logits_at=range(4), ancestors=tree)])
-    decodes = torch.cat([fwd([Row(b, [t], logits_at=[0])])[0].logits for t in draft])
-    assert torch.equal(verify.logits, decodes)
-    fwd.pool.crop(b, 20)  # the tree's branch 0 -> 2 -> 3, decoded
-    path = torch.cat([fwd([Row(b, [t], logits_at=[0])])[0].logits for t in (5, 11, 2)])
-    assert torch.equal(branch.logits[[0, 2, 3]], path)
 
 
 @pytest.mark.parametrize("fused_rope", [True, False])
