@@ -4,11 +4,12 @@ One run, nothing else running: the served default (``configs/serve/local.yaml`` 
 ``default_pair``, as ``make serve`` resolves it) and the same app with ``drafter: none`` (plain
 AR, same runtime, dtype and threads) side by side on one embedded Ray; the same prompts at each
 concurrency (a closed loop: ``c`` clients, each sending its next prompt when the last one is
-answered), levels and methods interleaved per repeat. Per (method, concurrency): aggregate
-tokens/s, p50 / p95 per-request latency (medians over repeats), the mean batch a target step
-ran (from ``GET /debug/metrics``), and whether every output equals the same method's sequential
-(concurrency 1) one and AR's. The SD app's suffix tree does not learn online here
-(``suffix.online: false``; the served default learns): every level and repeat sends the same
+answered), levels and methods interleaved per repeat, the methods' order rotated each repeat.
+Per (method, concurrency): aggregate tokens/s, p50 / p95 per-request latency (medians over
+repeats), the mean batch a target step ran (from ``GET /debug/metrics``), and whether every
+output equals the same method's sequential (concurrency 1) one and AR's. The SD app's suffix
+tree does not learn online here (``suffix.online: false``; the served default learns): every
+level and repeat sends the same
 prompts, so an online tree would replay the outputs of the ones before and the levels would not
 compare (the run of 2026-12-01 14:45 measured 17.4 tok/s cold and 38.6 warm at concurrency 1).
 With ``--unbatched``, AR also runs with ``batching.max_batch: 1``
@@ -102,6 +103,14 @@ def parse_variant(text: str) -> tuple[str, dict]:
     if name in BUILTIN:
         raise ValueError(f"--variant {text!r}: the name {name!r} is taken")
     return name, changes
+
+
+def rotated(methods: list[str], r: int) -> list[str]:
+    """The methods in the order repeat ``r`` runs them at each level: each repeat starts one
+    further along, so no method always runs first or right after the same one (this machine's
+    speed drifts within a level's minute as well as between levels)."""
+    k = r % len(methods)
+    return methods[k:] + methods[:k]
 
 
 def p95(latencies: list[float]) -> float:
@@ -384,8 +393,9 @@ def main(argv=None) -> None:
     if engine is not None:
         engine.complete(prompts[0], 8)
     top = max(a.concurrency)
+    methods = [*apps, *(["sd_engine"] if engine else [])]
     plan = [(r, c, m) for r in range(a.repeats) for c in a.concurrency
-            for m in [*apps, *(["sd_engine"] if engine else [])]
+            for m in rotated(methods, r)
             if (m != "ar_unbatched" or c == top) and (m != "sd_engine" or c == 1)]
     runs: dict[tuple[str, int], list[dict]] = {}
     for _, c, m in tqdm(plan, desc="levels"):

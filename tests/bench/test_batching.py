@@ -103,3 +103,13 @@ def test_each_method_is_checked_against_plain_decoding_of_its_own_numerics():
     g = goals(summary, refs)
     assert g["sd_c8_over_ar_c8"]["value"] == 1.5 and g["sd_bf16_c8_over_ar_bf16_c8"]["value"] == 1.4
     assert not any(name.startswith("ar_bf16") for name in g)
+
+
+def test_each_repeat_runs_the_methods_one_further_along():
+    from bench.batching import rotated
+
+    methods = ["ar", "sd", "sd_engine"]
+    orders = [rotated(methods, r) for r in range(4)]
+    assert orders == [["ar", "sd", "sd_engine"], ["sd", "sd_engine", "ar"],
+                      ["sd_engine", "ar", "sd"], ["ar", "sd", "sd_engine"]]
+    assert [o[0] for o in orders[:3]] == methods  # each method leads one repeat

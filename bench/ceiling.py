@@ -1,0 +1,174 @@
+"""What the target's passes allow the serving benchmark's plain AR: its aggregate tokens/s and
+p50 latency at ``c`` clients against one client, if serving cost nothing but the passes.
+
+A probe, not a benchmark: it times the target's passes here (the served default's numerics,
+``load_target`` as the app loads it, its KV dtype, 2 threads) and prices ``bench.batching``'s
+closed loop with them, so a served ratio can be read against what these passes give:
+
+- ``decode(c)``: a pass of ``c`` requests x 1 new token after ``CONTEXT`` cached ones;
+- ``joined(P, c)``: a pass feeding a ``P``-token prompt whole beside ``c - 1`` decodes (a new
+  request's prefill joins the running ones' step, as the scheduler runs it).
+
+Each prompt's request makes ``T`` tokens: its prefill makes the first and ``T - 1`` decodes the
+rest. At ``c`` clients, every prompt's prefill runs in a joined step and the other decodes in
+full steps of ``c``:
+
+    time(c) = sum_i joined(P_i, c) + (n (T - 1) - n (c - 1)) / c * decode(c)
+
+with ``n`` prompts, and the aggregate ratio is ``time(1) / time(c)``. A request's latency at
+``c``: its own joined step, ``T - 1`` decode steps, and one other client's prefill joining its
+steps for each of the ``c - 1`` others (each starts about one request during its life):
+
+    latency(c) = joined(P, c) + (T - 1) decode(c) + (c - 1) (joined(P, c) - decode(c))
+
+with ``P`` the median prompt. Both leave out everything but the passes (HTTP, Ray, scheduling,
+sampling) and take every step full: an idealised loop, priced on passes timed in one run (every
+pass in turn, so the machine's drift falls on all alike). Read its ratios, not its tokens/s,
+against a served run's: the machine's speed drifts between runs.
+
+    python -m bench.ceiling --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from bench.batching import humaneval_prompts
+from bench.passes import CACHED, cached_forward
+from specdec.runtime import Row
+
+CONTEXT = 160  # cached tokens of each running request (a 100-token prompt and 60 generated)
+GOALS = {"ar_c8_over_c1": 4.0, "ar_p50_c8_over_c1": 2.0}  # issue 17's, as bench.batching's
+
+
+def aggregate_time(prompts: list[int], tokens: int, c: int, decode: float,
+                   joined: dict[int, float]) -> float:
+    """Seconds (or ms: the unit of the costs) the closed loop of ``c`` clients takes for every
+    prompt (token counts), ``tokens`` new tokens each, at these pass costs (module docstring)."""
+    n = len(prompts)
+    decodes = n * (tokens - 1) - n * (c - 1)
+    return sum(joined[p] for p in prompts) + max(decodes, 0) / c * decode
+
+
+def latency(prompt: int, tokens: int, c: int, decode: float, joined: float) -> float:
+    """One request's latency at ``c`` clients at these pass costs (module docstring)."""
+    return joined + (tokens - 1) * decode + (c - 1) * (joined - decode)
+
+
+def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[int, float],
+             joined: dict[int, dict[int, float]]) -> dict:
+    """Per level, the priced time, aggregate tokens/s and p50 latency; and the ratios against
+    one client that issue 17's goals name."""
+    median = sorted(prompts)[len(prompts) // 2]
+    out = {}
+    for c in levels:
+        t = aggregate_time(prompts, tokens, c, decode[c], joined[c])
+        out[c] = {"time_ms": t, "tokens_per_s": 1e3 * len(prompts) * tokens / t,
+                  "p50_ms": latency(median, tokens, c, decode[c], joined[c][median])}
+    ratios = {}
+    if 1 in out and 8 in out:
+        ratios = {"ar_c8_over_c1": out[8]["tokens_per_s"] / out[1]["tokens_per_s"],
+                  "ar_p50_c8_over_c1": out[8]["p50_ms"] / out[1]["p50_ms"]}
+    return {"levels": out, "ratios": ratios}
+
+
+def measure(target, levels: list[int], lengths: list[int], repeats: int) -> tuple[dict, dict]:
+    """decode[c] and joined[c][P] in ms on ``target``'s weights and KV dtype: every pass in
+    turn, ``repeats`` times after a warm-up round, so the machine's drift falls on all alike;
+    the medians."""
+    if max(levels) > CACHED:
+        raise SystemExit(f"--concurrency: at most {CACHED} (the probe's cached slots)")
+    fwd = cached_forward(target.runtime.w, CONTEXT, target.runtime.pool.dtype)
+
+    def timed(rows: list[Row]) -> float:
+        t0 = time.perf_counter()
+        fwd(rows)
+        dt = (time.perf_counter() - t0) * 1e3
+        for r in rows:
+            fwd.pool.crop(r.slot, 0 if r.slot == CACHED else CONTEXT)
+        return dt
+
+    def decodes(c: int) -> list[Row]:
+        return [Row(b, [10 + b], logits_at=[0]) for b in range(c)]
+
+    def prompt(p: int) -> Row:
+        return Row(CACHED, list(range(7, 7 + p)), logits_at=[p - 1], chunk=True)
+
+    arms = {("decode", c, 0): decodes(c) for c in levels}
+    arms |= {("joined", c, p): [prompt(p), *decodes(c - 1)] for c in levels for p in lengths}
+    times = {key: [] for key in arms}
+    with torch.inference_mode():
+        for i in tqdm(range(1 + repeats), desc="rounds of every pass"):
+            for key, rows in arms.items():
+                dt = timed(rows)
+                if i:
+                    times[key].append(dt)
+    median = {key: statistics.median(t) for key, t in times.items()}
+    decode = {c: median["decode", c, 0] for c in levels}
+    joined = {c: {p: median["joined", c, p] for p in lengths} for c in levels}
+    return decode, joined
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Date {result['date']}, machine: {result['machine']}. Command: `{result['command']}`.",
+             f"{len(result['prompt_tokens'])} HumanEval prompts (tokens: median "
+             f"{statistics.median(result['prompt_tokens'])}, "
+             f"{min(result['prompt_tokens'])}-{max(result['prompt_tokens'])}), "
+             f"{result['max_tokens']} new tokens, passes after {CONTEXT} cached tokens, "
+             f"medians of {result['repeats']}.", "",
+             "| clients | decode pass ms | joined prefill ms (median prompt) | priced AR tok/s "
+             "| priced p50 s |", "| --- | --- | --- | --- | --- |"]
+    median = sorted(result["prompt_tokens"])[len(result["prompt_tokens"]) // 2]
+    for c, row in result["ceiling"]["levels"].items():
+        lines.append(f"| {c} | {result['decode_ms'][c]:.1f} | "
+                     f"{result['joined_ms'][c][median]:.1f} | {row['tokens_per_s']:.1f} | "
+                     f"{row['p50_ms'] / 1e3:.2f} |")
+    lines += ["", "| ratio | priced from the passes | issue 17's goal |", "| --- | --- | --- |"]
+    for name, value in result["ceiling"]["ratios"].items():
+        sign = ">=" if name == "ar_c8_over_c1" else "<="
+        lines.append(f"| {name} | {value:.2f} | {sign} {GOALS[name]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if 1 not in args.concurrency:
+        raise SystemExit("--concurrency must include 1: the ratios are against one client")
+    from specdec.engine.loading import load_target
+
+    torch.set_num_threads(2)  # the served target actor's threads
+    target = load_target("smollm2-135m", dtype="auto", kv_slots=1)  # the served numerics
+    lengths = [len(target.tokenizer(p)["input_ids"]) for p in humaneval_prompts(args.prompts)]
+    decode, joined = measure(target, args.concurrency, sorted(set(lengths)), args.repeats)
+    result = {"date": date.today().isoformat(),
+              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, "
+                         f"torch {torch.__version__}",
+              "command": "python -m bench.ceiling " + " ".join(
+                  f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                  for k, v in vars(args).items()),
+              "prompt_tokens": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "decode_ms": decode, "joined_ms": joined,
+              "ceiling": ceilings(lengths, args.max_tokens, args.concurrency, decode, joined)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ceiling.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "ceiling.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
