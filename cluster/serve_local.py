@@ -62,7 +62,10 @@ def main(argv: list[str]) -> int:
     print("specdec serving on http://127.0.0.1:8000 (OpenAI-compatible: /v1/completions, "
           "/v1/chat/completions, /v1/models, /health)", flush=True)
     print(f"READY model={app_cfg['args'].get('model_id') or app_cfg['args']['target']}", flush=True)
+    # Ctrl-C and kill both shut Serve and Ray down; SIGINT set here too, since a shell script's
+    # background job inherits it ignored (Python then leaves it so) and would leave Ray running
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         while True:
             time.sleep(3600)
