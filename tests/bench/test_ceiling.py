@@ -28,5 +28,7 @@ def test_when_rows_cost_nothing_c_clients_make_c_times_the_tokens_as_fast():
     decode = {1: 10.0, 8: 10.0}  # every pass costs the same, whatever its rows
     joined = {1: {5: 10.0}, 8: {5: 10.0}}
     out = ceilings([5] * 16, 9, [1, 8], decode, joined)
-    assert out["ratios"]["ar_c8_over_c1"] == pytest.approx(8.0)
-    assert out["ratios"]["ar_p50_c8_over_c1"] == pytest.approx(1.0)  # nor wait longer
+    assert out["goals"]["ar_c8_over_c1"]["value"] == pytest.approx(8.0)
+    assert out["goals"]["ar_p50_c8_over_c1"]["value"] == pytest.approx(1.0)  # nor wait longer
+    assert out["goals"]["ar_c8_over_c1"]["met"] and out["goals"]["ar_p50_c8_over_c1"]["met"]
+    assert set(out["goals"]) == {"ar_c8_over_c1", "ar_p50_c8_over_c1"}  # no SD priced here
