@@ -35,15 +35,16 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bench.batching import goals, humaneval_prompts
-from bench.passes import CACHED, cached_forward
+from bench.passes import CACHED, cached_forward, interleaved
 from specdec.runtime import Row
 
 CONTEXT = 160  # cached tokens of each running request (a 100-token prompt and 60 generated)
@@ -63,11 +64,16 @@ def latency(prompt: int, tokens: int, c: int, decode: float, joined: float) -> f
     return joined + (tokens - 1) * decode + (c - 1) * (joined - decode)
 
 
+def median_prompt(prompts: list[int]) -> int:
+    """The prompt (token count) whose request's latency stands for the p50."""
+    return sorted(prompts)[len(prompts) // 2]
+
+
 def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[int, float],
              joined: dict[int, dict[int, float]]) -> dict:
     """Per level, the priced time, aggregate tokens/s and p50 latency; and issue 17's goals for
     plain AR on them, as ``bench.batching.goals`` reads a served run's."""
-    median = sorted(prompts)[len(prompts) // 2]
+    median = median_prompt(prompts)
     out = {}
     for c in levels:
         t = aggregate_time(prompts, tokens, c, decode[c], joined[c])
@@ -79,8 +85,8 @@ def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[in
 
 def measure(target, levels: list[int], lengths: list[int], repeats: int) -> tuple[dict, dict]:
     """decode[c] and joined[c][P] in ms on ``target``'s weights and KV dtype: every pass in
-    turn, ``repeats`` times after a warm-up round, so the machine's drift falls on all alike;
-    the medians."""
+    turn (``bench.passes.interleaved``), ``repeats`` times after a warm-up round, so the
+    machine's drift falls on all alike; the medians."""
     if max(levels) > CACHED:
         raise SystemExit(f"--concurrency: at most {CACHED} (the probe's cached slots)")
     fwd = cached_forward(target.runtime.w, CONTEXT, target.runtime.pool.dtype)
@@ -101,14 +107,9 @@ def measure(target, levels: list[int], lengths: list[int], repeats: int) -> tupl
 
     arms = {("decode", c, 0): decodes(c) for c in levels}
     arms |= {("joined", c, p): [prompt(p), *decodes(c - 1)] for c in levels for p in lengths}
-    times = {key: [] for key in arms}
     with torch.inference_mode():
-        for i in tqdm(range(1 + repeats), desc="rounds of every pass"):
-            for key, rows in arms.items():
-                dt = timed(rows)
-                if i:
-                    times[key].append(dt)
-    median = {key: statistics.median(t) for key, t in times.items()}
+        median = interleaved({key: partial(timed, rows) for key, rows in arms.items()},
+                             repeats, 1)
     decode = {c: median["decode", c, 0] for c in levels}
     joined = {c: {p: median["joined", c, p] for p in lengths} for c in levels}
     return decode, joined
@@ -123,7 +124,7 @@ def markdown(result: dict) -> str:
              f"medians of {result['repeats']}.", "",
              "| clients | decode pass ms | joined prefill ms (median prompt) | priced AR tok/s "
              "| priced p50 s |", "| --- | --- | --- | --- | --- |"]
-    median = sorted(result["prompt_tokens"])[len(result["prompt_tokens"]) // 2]
+    median = median_prompt(result["prompt_tokens"])
     for c, row in result["ceiling"]["levels"].items():
         lines.append(f"| {c} | {result['decode_ms'][c]:.1f} | "
                      f"{result['joined_ms'][c][median]:.1f} | {row['tokens_per_s']:.1f} | "
@@ -156,8 +157,7 @@ def main(argv=None) -> None:
               "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, "
                          f"torch {torch.__version__}",
               "command": "python -m bench.ceiling " + " ".join(
-                  f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                  for k, v in vars(args).items()),
+                  argv if argv is not None else sys.argv[1:]),
               "prompt_tokens": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
               "decode_ms": decode, "joined_ms": joined,
               "ceiling": ceilings(lengths, args.max_tokens, args.concurrency, decode, joined)}

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <vector>
 
+#include "caches.h"
 #include "simd.h"
 
 namespace {
@@ -230,13 +231,7 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
                      torch::Tensor rows, torch::Tensor seen, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.device().is_cpu(),
               "q must be a 3-d float32 CPU tensor [N, heads, d]");
-  const auto cache = k_cache.scalar_type();
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  (cache == torch::kFloat || cache == torch::kHalf) &&
-                  v_cache.scalar_type() == cache && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous(),
-              "the caches must be contiguous float32 or float16 [slots, kv_heads, max_len, d] "
-              "tensors of one dtype");
+  specdec::check_caches(k_cache, v_cache);
   TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && rows.scalar_type() == torch::kLong,
               "rows must be an int64 [R, 4] tensor");
   const int64_t N = q.size(0), heads = q.size(1), d = q.size(2);
@@ -270,14 +265,10 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   const int64_t S = causal ? 0 : seen.size(1);
   const float* qs = q.data_ptr<float>();
   float* os = out.data_ptr<float>();
-  const auto f = static_cast<float>(scale);
-  if (cache == torch::kFloat)
-    run_rows<float>(qs, q_row, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), table, R,
-                    heads, kv_heads, L, d, sees, S, f, os);
-  else
-    run_rows<uint16_t>(qs, q_row, reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::Half>()),
-                       reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()), table, R,
-                       heads, kv_heads, L, d, sees, S, f, os);
+  specdec::with_caches(k_cache, v_cache, [&](const auto* ks, const auto* vs) {
+    run_rows(qs, q_row, ks, vs, table, R, heads, kv_heads, L, d, sees, S,
+             static_cast<float>(scale), os);
+  });
   return out;
 }
 

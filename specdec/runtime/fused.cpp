@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "caches.h"
 #include "simd.h"
 
 namespace {
@@ -100,13 +101,7 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
                          torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
                          torch::Tensor positions, int64_t heads) {
   check_rows(qkv, "qkv");
-  const auto cache = k_cache.scalar_type();
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  (cache == torch::kFloat || cache == torch::kHalf) &&
-                  v_cache.scalar_type() == cache && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous(),
-              "the caches must be contiguous float32 or float16 [slots, kv_heads, max_len, d] "
-              "tensors of one dtype");
+  specdec::check_caches(k_cache, v_cache);
   const int64_t N = qkv.size(0), kvh = k_cache.size(1), L = k_cache.size(2), d = k_cache.size(3);
   TORCH_CHECK(d % (2 * WIDTH) == 0, "the head dim must be a multiple of 32, not ", d);
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kvh) * d, "qkv has ", qkv.size(1), " columns, not (",
@@ -132,14 +127,10 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   const float* sn = sin_signed.data_ptr<float>();
   float* qs = q.data_ptr<float>();
   const int64_t stride = qkv.stride(0);
-  at::parallel_for(0, N, 4, [&](int64_t lo, int64_t hi) {
-    if (cache == torch::kFloat)
-      rope_rows(lo, hi, xs, stride, cs, sn, heads, kvh, L, d, ss, ps, qs,
-                k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
-    else
-      rope_rows(lo, hi, xs, stride, cs, sn, heads, kvh, L, d, ss, ps, qs,
-                reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()),
-                reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
+  specdec::with_caches(k_cache, v_cache, [&](auto* ks, auto* vs) {
+    at::parallel_for(0, N, 4, [&](int64_t lo, int64_t hi) {
+      rope_rows(lo, hi, xs, stride, cs, sn, heads, kvh, L, d, ss, ps, qs, ks, vs);
+    });
   });
   return q;
 }

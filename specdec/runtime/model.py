@@ -453,7 +453,7 @@ class Forward:
         # grouped / per_query (batch invariant), kernel, or None: SDPA by padded groups
         self.attention_kind = attention
         cache = pool.dtype
-        if cache != dtype and not (cache == torch.float16 and attention == "kernel"):
+        if cache != dtype and not (cache == torch.float16 and float16_caches(dtype, attention)):
             raise ValueError(f"a {cache} KV pool needs {dtype} passes that attend on the kernel "
                              f"(float16 caches only; this one attends {attention or 'by SDPA'})")
         # float32 on an AVX-512 CPU: the norms, RoPE with the KV write, and silu * up fused
@@ -671,6 +671,12 @@ class Forward:
 KV_CACHE_DTYPES = ("auto", "model", "float16")
 
 
+def float16_caches(dtype: torch.dtype, attention_kind: str | None) -> bool:
+    """Whether passes of ``dtype`` that attend ``attention_kind`` (``Forward.plan_attention``'s)
+    read float16 KV caches exactly: float32 ones on specdec's kernel."""
+    return dtype == torch.float32 and attention_kind == "kernel"
+
+
 def cache_dtype(weights: Weights, kv_cache_dtype: str = "auto", attention: str = "auto",
                 invariant: bool | None = None) -> torch.dtype:
     """The dtype of the KV pool for a ``Forward(weights, ..., invariant, attention)``: model:
@@ -684,7 +690,7 @@ def cache_dtype(weights: Weights, kv_cache_dtype: str = "auto", attention: str =
     if kv_cache_dtype == "model" or (kv_cache_dtype == "auto" and dtype != torch.float32):
         return dtype  # (other dtypes attend without the kernel: no attention plan, no probe)
     _, kind = Forward.plan_attention(weights, invariant, attention)
-    if kind == "kernel" and dtype == torch.float32:
+    if float16_caches(dtype, kind):
         return torch.float16
     if kv_cache_dtype == "float16":
         raise ValueError(f"kv_cache_dtype float16 needs float32 passes that attend on specdec's "
