@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 # does not wait for them (about 25 s each); a CPU without AVX-512 or a missing compiler is said,
 # and float32 runs torch's own ops.
 kernels:
-	$(BIN)/python -c 'from specdec.runtime import kernels; kernels.main()'
+	$(BIN)/python -c 'from specdec.runtime.x86 import kernels; kernels.main()'
 
 # The suffix drafter's suffix trees: arctic-inference's C++ SuffixDecodingCache (an sdist). Its
 # build tools go in with the installed protobuf pinned (ray and mlflow need theirs); CMake must

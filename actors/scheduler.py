@@ -62,7 +62,7 @@ from typing import Any
 from actors.goodput import Goodput, StepCost, fit_drafts
 from specdec.engine.rounds import Commit
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
-from specdec.runtime.model import SHORT
+from specdec.runtime.batch import SHORT
 
 TOMBSTONES = 4096  # closed request ids remembered (ids are unique; a late call finds its own)
 

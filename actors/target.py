@@ -50,6 +50,7 @@ class TargetInfo:
     vocab_size: int
     eos_token_ids: frozenset[int]
     threads: int  # torch threads the actor runs on
+    plan: dict | None = None  # the runtime's resolved plan (``Plan.to_dict``); None: transformers
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                  threads: int = 1, idle_ttl_s: float = 600.0, device: str = "cpu",
                  kv_slots: int = 8, batching: dict | None = None, local_drafter: dict | None = None,
-                 attention: str = "auto", linears: str = "auto", kv_cache_dtype: str = "auto"):
+                 attention: str = "auto", linears: str = "auto", kv_cache_dtype: str = "auto",
+                 max_model_len: int | None = None, backend: str = "auto"):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
@@ -92,7 +94,8 @@ class TargetActor(RequestHost):
         def build() -> TargetWorker:  # on the scheduler's thread, the one model thread
             target = load_target(target_ref, drafter_ref, dtype, device, kv_slots,
                                  attention=attention, linears=linears,
-                                 kv_cache_dtype=kv_cache_dtype)
+                                 kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
+                                 backend=backend)
             return TargetWorker(target, features=bool(target_taps(drafter_ref)))
 
         self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching),
@@ -102,7 +105,8 @@ class TargetActor(RequestHost):
 
     def info(self) -> TargetInfo:
         t = self.worker.target_model
-        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads())
+        return TargetInfo(t.max_length, t.vocab_size, t.eos_token_ids, torch.get_num_threads(),
+                          None if t.plan is None else t.plan.to_dict())
 
     def active(self) -> list[str]:
         drafter = self.scheduler.drafter

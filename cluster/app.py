@@ -72,7 +72,8 @@ def spawn_actors(args: ServeArgs):
         **actor_options(args.target_resources, args)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
-        batching, local, args.attention, args.linears, args.kv_cache_dtype)
+        batching, local, args.attention, args.linears, args.kv_cache_dtype, args.max_model_len,
+        args.backend)
     if args.drafter == "none" or local is not None:
         return target_actor, None
     drafter_actor = actor_class(DrafterActor, calls).options(

@@ -20,9 +20,7 @@ from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
-from specdec.models.sources import DTYPE_NAMES
-from specdec.runtime.model import ATTENTION_NAMES, KV_CACHE_DTYPES
-from specdec.runtime.weights import LINEARS
+from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -107,27 +105,18 @@ class ServeArgs(Strict):
     block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
     suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
-    # auto (sources.auto_dtype): float32 for a model whose linears run int8 rows on its GGUF
-    # codes (below), else bfloat16 on a CPU with AMX, else float32
-    dtype: Literal[DTYPE_NAMES] = "float32"
-    # how the target attends (specdec.runtime.model): auto: a batch-invariant target (bfloat16
-    # on a CPU) grouped where its probe passes at load, else per_query; float32 on a CPU
-    # specdec's kernel (runtime.attend) where it builds, else SDPA. kernel: that kernel or an
-    # error at load; sdpa: SDPA by padded groups (float32: not batch invariant); grouped and
-    # per_query are logged as unused by targets that are not batch invariant (a config with
-    # dtype auto may be batch invariant on one machine only)
-    attention: Literal[ATTENTION_NAMES] = "auto"
-    # the target's linears (specdec.runtime.weights.linear_flags): auto: for float32 on an
-    # AVX-512 CPU where it builds, a model with GGUF codes (a named source) runs them times int8
-    # rows (runtime.int8: AVX-512 VNNI; llama.cpp's numerics) or else bitwise as float32
-    # (runtime.qpanels), a model without them specdec's float32 panels; else torch's. int8,
-    # quantized and panels: those or an error at load; torch: oneDNN's and MKL's
-    linears: Literal[LINEARS] = "auto"
-    # how the target's KV pool stores keys and values (specdec.runtime.cache_dtype): auto:
-    # float16 for float32 passes on specdec's attention kernel (half the bytes a batch of
-    # decodes reads; llama.cpp's default too), else the model's dtype; model: the model's;
-    # float16: float16 or an error at load
-    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"
+    # The target's runtime: each field is a knob of its plan (specdec.runtime.plan, which
+    # decides every auto once and prints the result at start; `specdec plan --config FILE`
+    # shows it without loading the model). A knob that does not apply to the plan's backend is
+    # an error at start, naming it.
+    dtype: Literal[DTYPE_NAMES] = "float32"  # auto: float32 for int8 rows, bfloat16 on AMX, ...
+    backend: Literal[BACKENDS] = "auto"  # auto: x86 on an x86-64 CPU, torch elsewhere (GPUs)
+    linears: Literal[LINEARS] = "auto"  # x86: int8 | quantized | panels | onednn | torch
+    attention: Literal[ATTENTIONS] = "auto"  # x86: kernel | grouped | per_query | sdpa
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # float16: x86's attention kernel only
+    # positions a request's KV slot holds (prompt and output); None: as many as the device's
+    # memory allows for limits.kv_slots slots, at most the model's context
+    max_model_len: PositiveInt | None = None
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

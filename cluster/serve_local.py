@@ -22,21 +22,31 @@ HTTP_OPTIONS = {"host": "127.0.0.1", "port": 8000}  # loopback only: set an API 
 
 
 def describe(args: dict) -> str:
-    """One line saying what the app serves: the pair, the dtype, the policy and the verifier."""
+    """One line saying what the app serves: the pair, the policy and the verifier (the target's
+    plan is printed once its actor has resolved it)."""
     from cluster.schema import ServeArgs
     from specdec.engine.settings import SpecSettings
-    from specdec.models.sources import NAMED_SOURCES, parse_dtype
-    from specdec.runtime.weights import int8_rows
 
     a = ServeArgs.model_validate(args)
     spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
     verify = spec.verify or "strict (greedy; sampling at temperature > 0)"
     drafter = a.drafter if a.drafter != "hybrid" else f"hybrid (suffix + {a.block_drafter})"
-    int8 = int8_rows(a.target in NAMED_SOURCES, a.linears)  # a named source keeps its blocks
-    auto = str(parse_dtype("auto", int8_rows=int8)).removeprefix("torch.")
-    dtype = a.dtype if a.dtype != "auto" else f"auto ({auto}{', int8 rows' if int8 else ''})"
     return (f"serving target={a.target} drafter={drafter} policy={spec.policy} "
-            f"verify={verify} dtype={dtype} batching max_batch={a.batching.max_batch}")
+            f"verify={verify} dtype={a.dtype} batching max_batch={a.batching.max_batch}")
+
+
+def served_plan() -> str:
+    """The target's resolved plan, as the running app's ``/health`` returns it."""
+    import json
+    import urllib.request
+
+    from specdec.runtime.plan import describe as describe_plan
+
+    url = f"http://{HTTP_OPTIONS['host']}:{HTTP_OPTIONS['port']}/health"
+    key = os.environ.get("SPECDEC_API_KEY")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    plan = json.load(urllib.request.urlopen(request, timeout=30)).get("plan")
+    return "plan: transformers (not the runtime)" if plan is None else describe_plan(plan)
 
 
 def interrupt(signum, frame):
@@ -59,6 +69,7 @@ def main(argv: list[str]) -> int:
     ray.init(include_dashboard=False)
     serve.start(http_options=HTTP_OPTIONS)
     serve.run(build_app(args), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
+    print(served_plan(), flush=True)
     print("specdec serving on http://127.0.0.1:8000 (OpenAI-compatible: /v1/completions, "
           "/v1/chat/completions, /v1/models, /health)", flush=True)
     print(f"READY model={app_cfg['args'].get('model_id') or app_cfg['args']['target']}", flush=True)

@@ -125,7 +125,8 @@ class Server:
         return app
 
     async def health(self) -> dict:
-        return {"status": "ok", "model": self.model_id, "in_flight": len(self.slots)}
+        return {"status": "ok", "model": self.model_id, "in_flight": len(self.slots),
+                "plan": self.info.plan}
 
     async def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model",

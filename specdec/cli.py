@@ -3,6 +3,8 @@
     specdec generate --target smollm2-135m --drafter ngram --prompt "def fib(n):"
     specdec models tiny OUT
     specdec models prepare smollm2-135m
+    specdec plan --target smollm2-135m --device cuda --device-memory 80GiB --json
+    specdec plan --config configs/serve/gpu.yaml
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import FLAT, flat_knob
 from specdec.knobs import add_option
 from specdec.models.drafters import DRAFTERS
-from specdec.models.sources import DTYPE_NAMES
+from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
 
 
 def add_generate(sub) -> None:
@@ -36,14 +38,81 @@ def add_generate(sub) -> None:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (auto: a GPU if visible)")
+    add_runtime(g)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"}')
     g.set_defaults(func=run_generate)
+
+
+def add_runtime(g) -> None:
+    """The target runtime's knobs (``specdec.runtime.RuntimeConfig``), for generate and plan."""
+    r = g.add_argument_group("the target's runtime (its plan: specdec.runtime.plan)")
+    r.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
+    r.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (auto: a GPU if visible)")
+    r.add_argument("--backend", default="auto", choices=BACKENDS)
+    r.add_argument("--linears", default="auto", choices=LINEARS)
+    r.add_argument("--attention", default="auto", choices=ATTENTIONS)
+    r.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    r.add_argument("--max-model-len", type=int, default=None,
+                   help="positions a KV slot holds (default: what memory allows)")
+
+
+def runtime_knobs(args) -> dict:
+    return dict(backend=args.backend, linears=args.linears, attention=args.attention,
+                kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len)
+
+
+def add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="resolve and print the target's runtime plan (no weights)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", type=Path,
+                     help="a serve config, a KubeRay manifest or a pipeline config")
+    src.add_argument("--target", help="named source, model directory or HF id")
+    add_runtime(p)
+    p.add_argument("--slots", type=int, default=8, help="KV slots (requests held at once)")
+    p.add_argument("--device-memory", default=None,
+                   help="what the plan may take of the device, e.g. 80GiB (default: the "
+                        "device's own, which must then be here)")
+    p.add_argument("--json", action="store_true", help="print the plans as JSON")
+    p.set_defaults(func=run_plan)
+
+
+def run_plan(args) -> int:
+    """Print each plan; exit 1, naming the fields to change, when one does not fit."""
+    from dataclasses import replace
+
+    from specdec.models.sources import model_config
+    from specdec.planning import Planned, planned
+    from specdec.runtime.plan import PlanError, RuntimeConfig, resolve_plan
+
+    if args.config is not None:
+        todo = planned(args.config)
+    else:
+        todo = [Planned("flags", args.target, RuntimeConfig(
+            args.device, args.dtype, slots=args.slots, **runtime_knobs(args)))]
+    results, failed = [], False
+    for item in todo:
+        config = item.config if args.config is None or args.device == "auto" else \
+            replace(item.config, device=args.device)
+        hf_config, blocks = model_config(item.target)
+        entry = {"source": item.source, "target": item.target}
+        try:
+            entry["plan"] = resolve_plan(config, hf_config, blocks, args.device_memory,
+                                         present=False).to_dict()
+        except PlanError as err:
+            entry["error"], failed = str(err), True
+        results.append(entry)
+    if args.json:
+        print(json.dumps(results if args.config is not None else results[0], indent=2))
+    else:
+        from specdec.runtime.plan import describe
+        for entry in results:
+            print(f"{entry['source']} ({entry['target']}):")
+            print(describe(entry["plan"]) if "plan" in entry else f"  error: {entry['error']}")
+    return 1 if failed else 0
 
 
 def add_speculative(g) -> None:
@@ -100,7 +169,10 @@ def run_generate(args) -> int:
         readers = [e.name for e in DRAFTERS.entries if "suffix" in e.needs]
         raise ValueError(f"--suffix-index needs --drafter {' or '.join(readers)}")
     pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device,
-                     SuffixConfig(index=args.suffix_index), args.block_drafter)
+                     SuffixConfig(index=args.suffix_index), args.block_drafter,
+                     **runtime_knobs(args))
+    plan = pair.target.plan
+    print(plan.describe() if plan else "plan: transformers (not the runtime)", file=sys.stderr)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, args.chat)
     stream = Engine(pair.target, pair.drafter, pair.preverifier).stream(prompt_ids, params)
     decode = pair.target.tokenizer.decode
@@ -108,7 +180,8 @@ def run_generate(args) -> int:
         out = stream.result()
         print(json.dumps({"text": decode(out.token_ids, skip_special_tokens=True),
                           "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                          "stats": {**out.stats.to_dict(), "backend": pair.target.backend}}))
+                          "stats": {**out.stats.to_dict(), "backend": pair.target.backend},
+                          "plan": plan.to_dict() if plan else None}))
         return 0
     shown = ""
     for _ in stream:  # print text as it is committed, round by round
@@ -142,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_generate(sub)
+    add_plan(sub)
     add_models(sub)
     return parser
 

@@ -32,8 +32,11 @@ class ModelPair:
 
 def load_pair(target_ref: str, drafter_ref: str = "none", preverifier_ref: str | None = None,
               dtype: str = "float32", device: str = "cpu", suffix: SuffixConfig | None = None,
-              block_drafter: str | None = None) -> ModelPair:
-    target = load_target(target_ref, drafter_ref, dtype, device, block_drafter=block_drafter)
+              block_drafter: str | None = None, **runtime) -> ModelPair:
+    """The target (``runtime``: ``load_target``'s knobs of its plan), its drafter and the
+    pre-verifier."""
+    target = load_target(target_ref, drafter_ref, dtype, device, block_drafter=block_drafter,
+                         **runtime)
     drafter = load_drafter(drafter_ref, target, dtype, suffix, block_drafter, preverifier_ref)
     return ModelPair(target, drafter, load_preverifier(preverifier_ref, drafter))
 
@@ -47,16 +50,17 @@ def target_taps(drafter_ref: str, block_drafter: str | None = None) -> tuple[int
 def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
                 device: str = "cpu", kv_slots: int = 8,
                 block_drafter: str | None = None, attention: str = "auto",
-                linears: str = "auto", kv_cache_dtype: str = "auto") -> TargetModel:
-    """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime it
-    holds at most ``kv_slots`` requests' KV caches at once and, batch invariant, attends the
-    ``attention`` way (``specdec.runtime.model.ATTENTIONS``; auto: its probe decides); its
-    ``linears`` as ``specdec.runtime.weights.linear_flags`` reads them; its KV caches in
-    ``kv_cache_dtype`` (``specdec.runtime.cache_dtype``)."""
+                linears: str = "auto", kv_cache_dtype: str = "auto",
+                max_model_len: int | None = None, backend: str = "auto") -> TargetModel:
+    """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime
+    as the plan of its knobs says (``specdec.runtime.RuntimeConfig``: ``kv_slots`` requests of
+    ``max_model_len`` positions at once, ``backend`` torch or x86, its linears, attention and KV
+    dtype)."""
     taps = target_taps(drafter_ref, block_drafter)
     return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=taps, device=device,
                                        pool_size=kv_slots, attention=attention, linears=linears,
-                                       kv_cache_dtype=kv_cache_dtype)
+                                       kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
+                                       runtime_backend=backend)
 
 
 def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",
@@ -85,7 +89,10 @@ def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",
 def load_drafter(ref: str, target: TargetModel, dtype: str = "float32",
                  suffix: SuffixConfig | None = None, block_drafter: str | None = None,
                  preverifier_ref: str | None = None) -> Drafter | None:
-    """The drafter ``ref`` for ``target`` (its vocabulary, device and, for some kinds, weights)."""
+    """The drafter ``ref`` for ``target`` (its vocabulary, device and, for some kinds, weights);
+    dtype auto: the target's, as its plan resolved it."""
+    if dtype == "auto":
+        dtype = str(target.dtype).removeprefix("torch.")
     args = DrafterArgs(ref, target.vocab_size, dtype, target.device, suffix or SuffixConfig(),
                        block_drafter, preverifier_ref)
     return build_drafter(args, target)

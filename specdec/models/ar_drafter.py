@@ -47,7 +47,7 @@ class ARDrafter:
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", device="cpu") -> ARDrafter:
         model = AutoModelForCausalLM.from_pretrained(
-            resolve(ref), dtype=parse_dtype(dtype, device), use_safetensors=True
+            resolve(ref), dtype=parse_dtype(dtype), use_safetensors=True
         ).to(parse_device(device))
         return cls(model)
 

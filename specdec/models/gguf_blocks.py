@@ -122,6 +122,11 @@ def write(gguf_path: Path, config, out: Path) -> int:
     return len(tensors)
 
 
+def present(directory: str | Path) -> bool:
+    """Whether a model directory keeps its GGUF blocks (without reading them)."""
+    return (Path(directory) / SIDECAR).is_file()
+
+
 def load(directory: str | Path) -> dict[str, Blocks] | None:
     """The blocks kept in a model directory, by HF parameter name; None when it keeps none."""
     path = Path(directory) / SIDECAR

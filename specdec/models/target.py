@@ -1,11 +1,13 @@
 """The target model: an HF causal LM behind a small, explicit KV-cache API.
 
-Two backends behind one interface. Llama-family configs (``specdec.runtime.unsupported`` says
-which) run on specdec's own runtime: the weights are taken from the loaded transformers model,
-each request holds a slot of a preallocated KV pool (``pool_size`` slots; a full pool raises
+Two ways to run behind one interface (``backend``). Llama-family configs
+(``specdec.runtime.unsupported`` says which) run on specdec's own runtime as its resolved
+``plan`` says (``specdec.runtime.plan``: device, kernels, numerics, memory; logged at load):
+the weights are taken from the loaded transformers model, each request holds a slot of a
+preallocated KV pool (``pool_size`` slots of ``max_model_len`` positions; a full pool raises
 ``PoolFull``), and ``forward_batch`` runs many requests in one ragged pass. Every other
 architecture runs on transformers' forward with a ``DynamicCache`` per request (a batch is then
-a loop). A log line says which backend a model runs on; ``backend`` names it.
+a loop).
 
 Per-request state lives in a ``TargetState`` that the caller owns (the engine, or a serving
 actor keyed by request id); ``TargetModel`` itself is stateless between calls, so one model
@@ -23,14 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from specdec.models import gguf_blocks
 from specdec.models.kv import cached_forward, crop_cache, new_cache
-from specdec.models.sources import parse_device, parse_dtype, resolve
-from specdec.runtime import Forward, KVPool, Row, Weights, cache_dtype, unsupported
-from specdec.runtime.model import ATTENTIONS
-from specdec.runtime.weights import int8_rows, linear_flags
+from specdec.models.sources import parse_dtype, resolve
+from specdec.runtime import Forward, Plan, Row, RuntimeConfig, load_forward, resolve_plan, unsupported
+from specdec.runtime.plan import DTYPES, parse_device
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "runtime", "transformers")
@@ -71,10 +72,11 @@ class TargetModel:
     def __init__(self, model, tokenizer, tap_layers: tuple[int, ...] = (), backend: str = "auto",
                  pool_size: int = 8, attention: str = "auto", linears: str = "auto",
                  blocks: dict[str, gguf_blocks.Blocks] | None = None,
-                 kv_cache_dtype: str = "auto"):
-        """``linears``: as ``linear_flags`` reads them; ``blocks``: the GGUF blocks of the
-        model's linears (``gguf_blocks.load``), which the quantized linears run;
-        ``kv_cache_dtype``: how the KV pool stores keys and values (``runtime.cache_dtype``)."""
+                 kv_cache_dtype: str = "auto", max_model_len: int | None = None,
+                 runtime_backend: str = "auto", plan: Plan | None = None):
+        """On the runtime: ``plan`` (resolved from the model's device and dtype and the other
+        knobs when not given: ``specdec.runtime.RuntimeConfig``'s fields); ``blocks``: the GGUF
+        blocks of the model's linears (``gguf_blocks.load``), which the plan may run."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         config = model.config
@@ -90,40 +92,40 @@ class TargetModel:
         self.tap_layers = tuple(tap_layers)
         self.backend = pick_backend(config, backend)
         self.runtime: Forward | None = None
+        self.plan: Plan | None = None
         if self.backend == "runtime":
-            weights = Weights.from_hf(model, blocks=blocks,
-                                      **linear_flags(linears, blocks is not None))
-            s = weights.shape
-            pool = KVPool(s.layers, pool_size, s.kv_heads, self.max_length, s.head_dim,
-                          cache_dtype(weights, kv_cache_dtype, attention), self.device)
-            self.runtime = Forward(weights, pool, self.tap_layers, attention=attention)
-            if pool.dtype != self.dtype:
-                log.info("KV caches: %s (kv_cache_dtype %s)", pool.dtype, kv_cache_dtype)
-        if self.runtime is not None and self.runtime.w.lm_head.int8 is not None:
-            log.info("linears: the GGUF's codes times int8 rows (specdec.runtime.int8, "
-                     "llama.cpp's numerics; linears: quantized keeps float32's)")
-        if self.runtime is not None and self.runtime.rows is not None:
-            log.info("batch invariant: linears in pieces of %d rows, %s attention",
-                     self.runtime.rows, self.runtime.attention_kind)
-        elif attention in ATTENTIONS:
-            log.warning("attention %s is not used: %s passes are not batch invariant here",
-                        attention, self.dtype)
+            self.plan = plan or resolve_plan(RuntimeConfig(
+                str(self.device), dtype_name(self.dtype), runtime_backend, linears, attention,
+                kv_cache_dtype, max_model_len, pool_size), config, blocks is not None)
+            self.runtime = load_forward(model, self.plan, blocks, self.tap_layers)
+            self.max_length = self.plan.max_model_len
+            log.info("%s", self.plan.describe())
 
     @classmethod
     def from_pretrained(cls, ref: str, dtype="float32", tap_layers: tuple[int, ...] = (),
                         device="cpu", backend: str = "auto", pool_size: int = 8,
                         attention: str = "auto", linears: str = "auto",
-                        kv_cache_dtype: str = "auto"):
+                        kv_cache_dtype: str = "auto", max_model_len: int | None = None,
+                        runtime_backend: str = "auto"):
+        """The model ``ref`` (``sources.resolve``): on the runtime its plan is resolved first,
+        from its config alone, and decides the dtype, the device and which weights load."""
         path = resolve(ref)
-        blocks = gguf_blocks.load(path) if linears in ("auto", "int8", "quantized") else None
-        dtype = parse_dtype(dtype, device, int8_rows=int8_rows(blocks is not None, linears))
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, use_safetensors=True
-        ).to(parse_device(device))
+        config = AutoConfig.from_pretrained(path)
+        plan = None
+        if pick_backend(config, backend, quiet=True) == "runtime":
+            plan = resolve_plan(RuntimeConfig(device, dtype if isinstance(dtype, str) else
+                                              dtype_name(dtype), runtime_backend, linears,
+                                              attention, kv_cache_dtype, max_model_len,
+                                              pool_size), config, gguf_blocks.present(path))
+            torch_dtype, where = plan.torch_dtype, torch.device(plan.device)
+        else:
+            torch_dtype, where = parse_dtype(dtype), parse_device(device)
+        codes = plan is not None and plan.linears in ("int8", "quantized")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
+                                                     use_safetensors=True).to(where)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(model, tokenizer, tap_layers, backend=backend, pool_size=pool_size,
-                   attention=attention, linears=linears, blocks=blocks,
-                   kv_cache_dtype=kv_cache_dtype)
+        return cls(model, tokenizer, tap_layers, backend=backend,
+                   blocks=gguf_blocks.load(path) if codes else None, plan=plan)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -187,7 +189,7 @@ class TargetModel:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary of {self.vocab_size}")
         if state.length + len(ids) > self.max_length:
             raise ValueError(f"sequence of {state.length + len(ids)} tokens exceeds the "
-                             f"model's context of {self.max_length}")
+                             f"context of {self.max_length} (max_model_len)")
 
     def _hf_forward(self, state: TargetState, ids: list[int], taps: bool,
                     last_logits_only: bool) -> TargetOutput:
@@ -220,8 +222,16 @@ class TargetModel:
         return getattr(getattr(self.model, "model", None), "norm", None)
 
 
-def pick_backend(config, backend: str) -> str:
-    """``runtime`` for the Llama family, ``transformers`` otherwise (``auto``); logged."""
+def dtype_name(dtype: torch.dtype) -> str:
+    names = {v: k for k, v in DTYPES.items()}
+    if dtype not in names:
+        raise ValueError(f"the runtime runs {sorted(DTYPES)} models, not {dtype}")
+    return names[dtype]
+
+
+def pick_backend(config, backend: str, quiet: bool = False) -> str:
+    """``runtime`` for the Llama family, ``transformers`` otherwise (``auto``); logged unless
+    ``quiet``."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown target backend {backend!r}; choose one of {BACKENDS}")
     reason = unsupported(config)
@@ -229,5 +239,7 @@ def pick_backend(config, backend: str) -> str:
         raise ValueError(f"the runtime cannot run this model: {reason}")
     chosen = "transformers" if backend == "transformers" or reason else "runtime"
     why = f" ({reason})" if reason and backend == "auto" else ""
-    log.info("target %s runs on the %s backend%s", getattr(config, "model_type", "?"), chosen, why)
+    if not quiet:
+        log.info("target %s runs on the %s backend%s", getattr(config, "model_type", "?"),
+                 chosen, why)
     return chosen

@@ -19,7 +19,7 @@ from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.workers import Draft
 from specdec.runtime import PoolFull
-from specdec.runtime.model import SHORT
+from specdec.runtime.batch import SHORT
 from tests.actors.test_actors import run_rounds
 
 TEXTS = ["abc abc abc abc", "the cat sat on the mat and the cat sat", "x", "hello hello hello",

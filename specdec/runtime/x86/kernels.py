@@ -133,7 +133,7 @@ def _warn(what: str, reason: str, instead: str) -> None:
 def main() -> None:
     """Build and check every kernel now (``make kernels``), so the first model load does not
     wait for a build."""
-    from specdec.runtime import attend, fused, int8, panels
+    from specdec.runtime.x86 import attend, fused, int8, panels
     panels.main()
     int8.main()
     attend.main()

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.gguf_blocks import BLOCK, FORMATS, Blocks, halves
-from specdec.runtime import kernels
+from specdec.runtime.x86 import kernels
 
 SOURCE = Path(__file__).with_name("int8.cpp")
 NEEDS = ("avx512bw", "avx512_vnni")  # CPU features int8.cpp is compiled for, beyond AVX-512F

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.runtime import kernels
+from specdec.runtime.x86 import kernels
 
 SOURCE = Path(__file__).with_name("attend.cpp")
 HEAD_DIMS = (16, 32, 64, 128)  # as in attend.cpp

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime import kernels
+from specdec.runtime.x86 import kernels
 
 SOURCE = Path(__file__).with_name("panels.cpp")
 WIDTH, PANELS = 16, 2  # as in panels.cpp: outputs a panel holds; panels a task owns

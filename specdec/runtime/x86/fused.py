@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime import kernels
+from specdec.runtime.x86 import kernels
 
 SOURCE = Path(__file__).with_name("fused.cpp")
 

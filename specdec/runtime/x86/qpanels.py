@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.models.gguf_blocks import BLOCK, Blocks, halves
-from specdec.runtime import panels
+from specdec.runtime.x86 import panels
 
 # The most rows a pass runs on the codes; longer ones run on the float32 panels. Decoding costs
 # about what 4 rows' products do, and up to about 5 rows the float32 panels' products hide under
