@@ -74,6 +74,8 @@ def build(ctx: Context) -> dict:
     """The target's weights on disk: the named source built from its GGUF (timed), or tiny."""
     from specdec.models.sources import resolve
 
+    if ctx.args.tiny and "tiny" not in ctx.keep:
+        raise RuntimeError("--tiny: the tiny target comes from stage tiny.build, which did not run")
     ref = ctx.keep["tiny"]["target"] if ctx.args.tiny else ctx.args.target
     start = time.monotonic()
     path = resolve(ref)
