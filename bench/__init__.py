@@ -9,7 +9,8 @@ docs/BENCHMARKS.md):
   ``humaneval`` (pass@1), ``plots`` and ``report`` are its parts.
 - ``serve``: the served path (HTTP -> Serve -> actors) against the in-process engine.
 - ``runtime``: specdec's own target forward against transformers'.
-- ``gpu_check``: the engine on one CUDA device, lossless in float32, then speed per dtype.
+- ``gpu_check``: the GPU path on one CUDA device, stage by stage (the tiny pair, the served
+  target's speed and equality per dtype, a shortened drafter training); docs/GPU.md.
 - ``suffix_replay``: the suffix drafter's accepted length replayed from greedy outputs (no
   timing).
 

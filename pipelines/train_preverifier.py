@@ -119,21 +119,28 @@ def train_loop(loop_cfg: dict) -> None:
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
     for step in tqdm(range(cfg.steps), desc="train_preverifier", disable=rank != 0, mininterval=5):
         rows = torch.randint(train.hidden.shape[0], (cfg.batch_size,), generator=gen)
-        logits = net(train.hidden[rows], train.positions[rows], train.step_ids[rows])
-        valid = train.valid[rows]
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[valid],
-                                                                   train.labels[rows][valid])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if world > 1:
-            for p in net.parameters():
-                if p.grad is not None:
-                    torch.distributed.all_reduce(p.grad)
-                    p.grad /= world
-        opt.step()
+        loss = train_step(net, opt, train, rows, world)
         if client is not None:
-            client.log_metric(loop_cfg["run_id"], "train_loss", float(loss.detach()), step=step + 1)
+            client.log_metric(loop_cfg["run_id"], "train_loss", loss, step=step + 1)
     report(net, evaluate(net, held), rank)
+
+
+def train_step(net, opt, train, rows: torch.Tensor, world: int = 1) -> float:
+    """One optimiser step of binary cross-entropy on the packed sequences ``rows`` of
+    ``train`` (gradients averaged over ``world`` workers); -> the loss."""
+    logits = net(train.hidden[rows], train.positions[rows], train.step_ids[rows])
+    valid = train.valid[rows]
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[valid],
+                                                               train.labels[rows][valid])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if world > 1:
+        for p in net.parameters():
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad)
+                p.grad /= world
+    opt.step()
+    return float(loss.detach())
 
 
 def report(net, metrics: dict, rank: int) -> None:

@@ -1,0 +1,3 @@
+from bench.gpu_check.run import main
+
+main()

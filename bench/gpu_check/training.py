@@ -1,0 +1,111 @@
+"""Stage (c) of the GPU check: with the time left, a shortened drafter training on the device.
+
+- ``responses``: the target answers the train prompts greedily (HF ``generate``, batched, left
+  padded, float32) for at most a share of the time left; the answers become a corpus Parquet;
+- ``drafter``: ``pipelines.train_drafter.run_offline`` (one process, the GPU when there is one)
+  trains a fresh block drafter shaped like the committed one (block size, layers, taps, draft
+  vocabulary) on those responses, its step count fitted to the time left;
+- ``compare``: the trained drafter's and the committed drafter's mean accepted length (tokens
+  committed per round, fixed window of a whole block, strict greedy) on the benchmark prompts.
+
+What it is not: a training run of record. Minutes of training on a few hundred answers do not
+reach the committed drafter; the numbers say what a GPU minute buys.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from bench.gpu_check import prompts
+from bench.gpu_check.report import Context
+from bench.gpu_check.tiny import corpus_file
+
+
+def committed_drafter(ctx: Context) -> str:
+    if ctx.args.tiny:
+        return ctx.keep["tiny"]["block-drafter"]
+    return str(Path(ctx.args.committed) / "drafter")
+
+
+def responses(ctx: Context) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path, a = ctx.keep["target"], ctx.args
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(a.device).eval()
+    eos = tokenizer.eos_token_id
+    todo = prompts.token_ids(tokenizer, prompts.load(a.prompts)["train"])
+    stop_at = time.monotonic() + a.response_share * ctx.left_s()
+    rows, start = [], time.monotonic()
+    for at in range(0, len(todo), a.response_batch):
+        if time.monotonic() > stop_at:
+            break
+        rows += answer(model, todo[at: at + a.response_batch], a.response_tokens, eos)
+    seconds = time.monotonic() - start
+    made = sum(len(r) for _, r in rows)
+    ctx.keep["corpus"] = corpus_file(ctx, path, rows, "responses.parquet")
+    return {"responses": len(rows), "of": len(todo), "tokens": made,
+            "seconds": round(seconds, 1), "tokens_per_s": round(made / max(seconds, 1e-9), 1)}
+
+
+def answer(model, batch: list[list[int]], max_new: int, eos: int):
+    """Greedy answers of a batch of prompts, left padded; each cut after its first EOS."""
+    width = max(len(p) for p in batch)
+    ids = torch.tensor([[eos] * (width - len(p)) + p for p in batch], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch],
+                        device=model.device)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
+                             do_sample=False, pad_token_id=eos)
+    rows = []
+    for p, new in zip(batch, out[:, width:].tolist(), strict=True):
+        cut = new.index(eos) + 1 if eos in new else len(new)
+        rows.append((p, new[:cut]))
+    return rows
+
+
+def drafter(ctx: Context) -> dict:
+    from pipelines.train_drafter import TrainDrafterConfig, run_offline
+    from specdec.models.block_drafter import BlockDrafter
+
+    a = ctx.args
+    shape, _ = BlockDrafter.read_config(committed_drafter(ctx))
+    cfg = TrainDrafterConfig.model_validate({
+        "target": ctx.keep["target"], "corpus": ctx.keep["corpus"],
+        "run_dir": str(ctx.out / "train-drafter"), "anchors": "response",
+        "steps": a.train_steps, "batch_size": a.train_batch, "max_seq_len": a.train_seq_len,
+        "checkpoint_every": a.train_steps, "eval_every": a.train_steps,
+        "drafter": {"block_size": shape.block_size, "num_layers": shape.num_layers,
+                    "num_taps": len(shape.tap_layers),
+                    "draft_vocab_size": shape.draft_vocab_size},
+        "scaling": {"torch_threads": torch.get_num_threads()}})
+    minutes = max(0.0, ctx.left_s() - a.compare_s) / 60
+    done = run_offline(cfg, minutes)
+    ctx.keep["trained"] = str(Path(done["checkpoint"]) / "drafter")
+    return {"minutes": round(minutes, 2), **done}
+
+
+def compare(ctx: Context) -> dict:
+    from specdec.engine.engine import Engine
+    from specdec.engine.loading import load_pair
+    from specdec.engine.settings import GenerationParams, SpecSettings
+
+    out = {}
+    for name, ref in (("trained", ctx.keep["trained"]), ("committed", committed_drafter(ctx))):
+        pair = load_pair(ctx.keep["target"], ref, dtype="float32", device=ctx.args.device)
+        engine = Engine(pair.target, pair.drafter)
+        params = GenerationParams(max_new_tokens=ctx.args.max_new_tokens, spec=SpecSettings(
+            "fixed", gamma=pair.drafter.max_draft_len))
+        bench = prompts.token_ids(pair.target.tokenizer,
+                                  prompts.load(ctx.args.prompts)["benchmark"])
+        stats = [engine.generate(ids, params).stats
+                 for ids in bench[: ctx.args.benchmark_prompts]]
+        out[name] = {"drafter": ref, "gamma": pair.drafter.max_draft_len,
+                     "mean_accepted_length": round(sum(s.committed for s in stats)
+                                                   / max(1, sum(s.rounds for s in stats)), 3)}
+    out["trained_vs_committed"] = round(out["trained"]["mean_accepted_length"]
+                                        / out["committed"]["mean_accepted_length"], 3)
+    return out
