@@ -28,7 +28,7 @@ from typing import Literal
 
 import pyarrow as pa
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from tqdm import tqdm
 
 from pipelines.common.config import MlflowSettings, Strict, default_output, load_config
@@ -44,6 +44,8 @@ class ResponsesConfig(Strict):
     out: str | None = None  # default $SPECDEC_HOME/pipelines/responses/train.parquet
     max_prompt_tokens: int = Field(256, ge=1)  # longer prompts are skipped
     max_new_tokens: int = Field(192, ge=1)
+    # positions a request's KV slot holds (the target's plan); None: the prompt and answer limits
+    max_model_len: int | None = Field(None, ge=1)
     limit: int | None = Field(None, ge=1)  # the first N prompts (by corpus order)
     # a pool of target-holding actors (on the GPU when num_gpus > 0); batch_size = prompts per
     # generate call. Offline runs use the GPU when torch sees one.
@@ -52,6 +54,19 @@ class ResponsesConfig(Strict):
 
     def output(self) -> Path:
         return Path(self.out) if self.out else default_output("responses") / "train.parquet"
+
+    @model_validator(mode="after")
+    def _context(self):
+        if self.max_model_len is not None and \
+                self.max_model_len < self.max_prompt_tokens + self.max_new_tokens:
+            raise ValueError(f"max_model_len {self.max_model_len} is below max_prompt_tokens + "
+                             f"max_new_tokens ({self.max_prompt_tokens + self.max_new_tokens})")
+        return self
+
+    @property
+    def context(self) -> int:
+        """The target's max_model_len: the config's, else the longest prompt and answer."""
+        return self.max_model_len or self.max_prompt_tokens + self.max_new_tokens
 
 
 def cut_at_eos(tokens: list[int], eos: frozenset[int], pad: int) -> list[int]:
@@ -140,7 +155,8 @@ class Responder:
         self.cfg = ResponsesConfig.model_validate(config)
         torch.set_num_threads(self.cfg.actors.torch_threads)
         self.target = TargetModel.from_pretrained(self.cfg.target, self.cfg.dtype, device=device,
-                                                  pool_size=self.cfg.actors.batch_size)
+                                                  pool_size=self.cfg.actors.batch_size,
+                                                  max_model_len=self.cfg.context)
         self.deadline = deadline
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -94,6 +94,8 @@ def run_plan(args) -> int:
         todo = [Planned("flags", args.target, RuntimeConfig(
             args.device, args.dtype, slots=args.slots, **runtime_knobs(args)))]
     results, failed = [], False
+    if args.device_memory is None and any(not present(i, args) for i in todo):
+        raise ValueError("a GPU that is not here: give its memory (--device-memory 80GiB)")
     for item in todo:
         config = item.config if args.config is None or args.device == "auto" else \
             replace(item.config, device=args.device)
@@ -113,6 +115,14 @@ def run_plan(args) -> int:
             print(f"{entry['source']} ({entry['target']}):")
             print(describe(entry["plan"]) if "plan" in entry else f"  error: {entry['error']}")
     return 1 if failed else 0
+
+
+def present(item, args) -> bool:
+    """Whether the device an item plans for is here (a GPU torch sees, or not a GPU)."""
+    import torch
+
+    device = args.device if args.device != "auto" or args.config is None else item.config.device
+    return not str(device).startswith("cuda") or torch.cuda.is_available()
 
 
 def add_speculative(g) -> None:

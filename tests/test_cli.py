@@ -18,7 +18,10 @@ def test_models_tiny_then_generate_json(tmp_path, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) == out["stats"]["committed"] <= 12
-    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
+    assert set(out) == {"text", "token_ids", "finish_reason", "stats", "plan"}
+    plan = out["plan"]  # the target's resolved runtime plan
+    assert (plan["dtype"], plan["numerics"], plan["device"]) == ("float64", "float64", "cpu")
+    assert plan["memory"]["kv_pool"] > 0 and plan["memory"]["fits"]
 
 
 @pytest.mark.parametrize("args,match", [

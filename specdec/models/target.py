@@ -30,7 +30,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 from specdec.models import gguf_blocks
 from specdec.models.kv import cached_forward, crop_cache, new_cache
 from specdec.models.sources import parse_dtype, resolve
-from specdec.runtime import Forward, Plan, Row, RuntimeConfig, load_forward, resolve_plan, unsupported
+from specdec.runtime import (
+    Forward,
+    Plan,
+    Row,
+    RuntimeConfig,
+    load_forward,
+    resolve_plan,
+    unsupported,
+)
 from specdec.runtime.plan import DTYPES, parse_device
 
 log = logging.getLogger(__name__)

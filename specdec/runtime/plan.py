@@ -195,8 +195,8 @@ def resolve_plan(config: RuntimeConfig, model_config, blocks: bool = False,
                  memory: int | str | None = None, present: bool = True) -> Plan:
     """The plan of ``config`` for a model of ``model_config`` (``blocks``: whether its GGUF
     blocks are beside it, which the x86 backend's int8 and quantized linears run);
-    ``memory``: what the plan may take of the device (None: ``device_memory``; a size such as
-    ``80GiB`` for a device that is not here); ``present``: the device is here."""
+    ``memory``: what the plan may take of the device (None: ``device_memory``, unknown for a GPU
+    that is not here: no bound; a size such as ``80GiB``); ``present``: the device is here."""
     reason = unsupported(model_config)
     if reason:
         raise PlanError(f"the runtime cannot run this model: {reason}")
@@ -210,8 +210,6 @@ def resolve_plan(config: RuntimeConfig, model_config, blocks: bool = False,
     shape = Shape.from_config(model_config)
     kinds = resolve_kinds(config, shape, blocks, reasons)
     bound = parse_size(memory) if memory is not None else device_memory(device)
-    if device.type == "cuda" and memory is None and bound is None:
-        raise PlanError("the device's memory is unknown here: give it (--device-memory 80GiB)")
     max_len, mem = fit(config, model_config, shape, kinds, bound, reasons)
     return Plan(str(device), backend, kinds["dtype"], kinds["numerics"], kinds["linears"],
                 kinds["attention"], kinds["kv_cache_dtype"], kinds["batch_invariant"],

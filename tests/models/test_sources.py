@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models import sources
 from specdec.models.sources import parse_device, parse_dtype, resolve
 
 
@@ -15,23 +14,9 @@ def test_dtypes_by_name():
         parse_dtype("float8")
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_auto_dtype_is_bfloat16_only_on_a_cpu_with_amx(monkeypatch, amx):
-    monkeypatch.setattr(sources, "cpu_has_amx", lambda: amx)
-    assert parse_dtype("auto") is (torch.bfloat16 if amx else torch.float32)
-    assert parse_dtype("auto", "cpu") is parse_dtype("auto")
-    assert sources.auto_dtype(torch.device("cuda")) is torch.float32  # not batch invariant there
-
-
-@pytest.mark.parametrize("amx", [True, False])
-def test_auto_dtype_is_float32_for_a_model_on_int8_rows(monkeypatch, amx):
-    """A model whose linears run int8 rows on its GGUF codes is served in float32, AMX or not
-    (its rows beat bfloat16's on AMX); on a GPU there are no int8 rows."""
-    monkeypatch.setattr(sources, "cpu_has_amx", lambda: amx)
-    assert parse_dtype("auto", int8_rows=True) is torch.float32
-    assert parse_dtype("bfloat16", int8_rows=True) is torch.bfloat16  # a name is a name
-    assert sources.auto_dtype(torch.device("cuda"), int8_rows=True) is torch.float32
-
+def test_dtype_auto_is_the_plans_to_decide():
+    with pytest.raises(ValueError, match="plan"):
+        parse_dtype("auto")
 
 
 def test_auto_device_is_the_gpu_only_when_one_is_visible():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -62,11 +63,12 @@ def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = 
     try:
         from torch.utils.cpp_extension import load
         name = f"specdec_{source.stem}"
-        clear_stale_lock(name)
+        directory = build_directory(source)
+        clear_stale_lock(directory)
         with own_ninja():
             flags = FLAGS + [gcc_flag(f) for f in (*needs, *may_use)]
             return load(name, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                        verbose=False)
+                        build_directory=str(directory), verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
         return f"building {source.name} failed: {type(e).__name__}: {e}"
 
@@ -74,9 +76,9 @@ def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = 
 @contextlib.contextmanager
 def own_ninja():
     """Build with the ninja beside this Python (the venv's) where there is one, whatever the
-    PATH: two ninjas (the venv's 1.13 and the system's 1.11 here) hash a build's command
-    differently, so a shell with the venv activated and ``make``'s bare ``.venv/bin/python``
-    each rebuilt what the other had built, 25 s a kernel a load (seen 2026-12-04)."""
+    PATH: two ninjas (a venv's and the system's) may hash a build's command differently, so a
+    shell with the venv activated and ``make``'s bare ``.venv/bin/python`` would each rebuild
+    what the other had built."""
     here = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     if not shutil.which("ninja", path=here):
@@ -89,15 +91,22 @@ def own_ninja():
         os.environ["PATH"] = path
 
 
-def clear_stale_lock(name: str) -> None:
-    """Remove the build lock of extension ``name`` when it is older than any build: torch waits
-    on that file for as long as it exists, so a build killed midway (a Ctrl-C, a timeout) left
-    every later load of the kernel hanging, without a word (seen 2026-12-04)."""
-    from torch.utils import cpp_extension
-    try:
-        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
-    except AttributeError:  # another torch: its own rules
-        return
+def build_directory(source: Path) -> Path:
+    """Where the kernel of ``source`` is built: under torch's extension cache
+    (``$TORCH_EXTENSIONS_DIR``), in a folder of this checkout's own, so two checkouts of specdec
+    on one machine do not rebuild each other's kernels on every load."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
+    checkout = hashlib.sha256(str(source.resolve().parent).encode()).hexdigest()[:10]
+    directory = Path(root) / f"specdec-{checkout}" / source.stem
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def clear_stale_lock(directory: Path) -> None:
+    """Remove a build lock older than any build: torch waits on that file for as long as it
+    exists, so a build killed midway (a Ctrl-C, a timeout) would leave every later load of the
+    kernel hanging, without a word."""
+    lock = directory / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
     except FileNotFoundError:
