@@ -33,7 +33,8 @@ from bench.gpu_check import prompts
 from bench.gpu_check.report import Context
 from bench.gpu_check.tiny import plan_of
 
-SERVED_KNOBS = ("attention", "linears", "kv_cache_dtype")  # passed to the target as served
+# passed to the target as served
+SERVED_KNOBS = ("attention", "linears", "kv_cache_dtype", "backend", "max_model_len")
 
 
 def served(ctx: Context) -> dict:

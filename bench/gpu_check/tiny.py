@@ -30,9 +30,8 @@ GAMMA = 4  # the strict and ASD draft window
 
 
 def plan_of(target) -> dict | None:
-    """The target's resolved plan, where ``TargetModel`` has one."""
-    plan = getattr(target, "plan", None)
-    return plan.to_dict() if plan is not None else None
+    """The target's resolved plan (None: it runs on transformers, not the runtime)."""
+    return None if target.plan is None else target.plan.to_dict()
 
 
 def build(ctx: Context) -> dict:
