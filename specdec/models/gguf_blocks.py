@@ -4,7 +4,7 @@ A named source is built from a GGUF file whose linears are quantized (SmolLM2-13
 embedding, tied as the lm_head, Q8_0); transformers dequantizes them to the float32 weights the
 cache holds. ``write`` keeps the blocks themselves too, by the HF parameter name, in
 ``quantized.safetensors`` (with each tensor's format in its metadata), so the runtime can run
-the linears from them (``specdec.runtime.qpanels``) and stream a fraction of the bytes. Rows are
+the linears from them (``specdec.runtime.x86.qpanels``) and stream a fraction of the bytes. Rows are
 ordered as transformers orders the dequantized weights: Llama's q and k rows un-permuted from
 GGUF's RoPE layout, as its loader does. The runtime checks the blocks against the float32
 weights bitwise before it uses them, so a file that disagrees is never run.
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 SIDECAR = "quantized.safetensors"
-FORMATS = ("Q4_1", "Q8_0")  # the block formats the runtime decodes (``runtime.qpanels``)
+FORMATS = ("Q4_1", "Q8_0")  # the block formats the runtime decodes (``runtime.x86.qpanels``)
 BLOCK = 32  # inputs a block covers
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # a block: float16 d (and m for Q4_1), then the codes
 LAYER_LINEARS = {

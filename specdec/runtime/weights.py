@@ -108,7 +108,7 @@ def rope_table(config, head_dim: int, max_len: int, dtype: torch.dtype):
 
 
 def signed(sin: torch.Tensor) -> torch.Tensor:
-    """The sin table with its first half negated, for ``specdec.runtime.model.rope``."""
+    """The sin table with its first half negated, for ``specdec.runtime.backend.rope``."""
     half = sin.shape[-1] // 2
     return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 

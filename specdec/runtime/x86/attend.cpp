@@ -1,4 +1,4 @@
-// specdec's float32 attention of short rows for x86 CPUs with AVX-512 (specdec/runtime/attend.py
+// specdec's float32 attention of short rows for x86 CPUs with AVX-512 (specdec/runtime/x86/attend.py
 // says when and why).
 //
 // A pass's short rows (decodes, verifies: a few new tokens each) read their KV slots where they

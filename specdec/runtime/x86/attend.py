@@ -1,11 +1,8 @@
 """specdec's float32 attention of a pass's short rows on x86 CPUs with AVX-512 (``attend.cpp``).
 
-Why: on a 2-core Xeon without AMX, where float32 is served, SDPA's CPU kernel took 254 µs a
-layer for 8 decodes at 161 keys against 51 µs for one: it packs each head's keys and values per
-call, and the forward padded the rows to a group's longest and built a mask for them, so a
-pass's attention grew far faster than its work (7.6 of 43 ms of a pass of 8 decodes). On this
-kernel a layer of 8 decodes takes 25.6 µs, of 8 x 4 verify tokens 73.7 against SDPA's 158.5
-(docs/benchmarks/attend, 2026-12-04).
+Why: SDPA's CPU kernel packs each head's keys and values per call, and padded groups need a
+mask, so a pass's attention grew far faster than its work as rows were added; here each row
+reads its slot in place (docs/RESULTS.md, "Runtime").
 
 What: each layer's short rows (decodes and verifies, ``model.SHORT`` tokens at most) attend in
 one call, every row reading its KV slot in place: no padding, no mask tensor, no group plan.

@@ -1,4 +1,4 @@
-// specdec's fused float32 element-wise ops for x86 CPUs with AVX-512 (specdec/runtime/fused.py
+// specdec's fused float32 element-wise ops for x86 CPUs with AVX-512 (specdec/runtime/x86/fused.py
 // says when and why): the RMSNorm, RoPE with the new keys' and values' write into the KV pool,
 // and the MLP's silu(gate) * up, each one call over the pass's tokens instead of 3-8 torch ops.
 //

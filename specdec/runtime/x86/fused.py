@@ -1,11 +1,9 @@
 """specdec's fused float32 element-wise ops on x86 CPUs with AVX-512 (``fused.cpp``): the
 RMSNorm, RoPE with the write of the new keys and values into the KV pool, and silu(gate) * up.
 
-Why: with the linears on the panel kernel and the short rows on the attention kernel, a
-float32 pass on the 2-core Xeon without AMX still spent about 4 of its 26 ms at 1 x 1, and 9 of
-56 at 8 x 4, in torch's element-wise ops, most of it per-op overhead: an RMSNorm was 6 ops, RoPE
-and the KV write 8 (docs/BENCHMARKS.md, 2026-12-04). Each fused op is one call over the pass's
-tokens.
+Why: with the linears and the short rows on specdec's kernels, torch's element-wise ops were a
+visible share of a float32 pass, most of it per-op overhead (an RMSNorm is 6 ops, RoPE and the
+KV write 8); each fused op is one call over the pass's tokens (docs/RESULTS.md, "Runtime").
 
 Each computes a token from its own inputs in a fixed order, so a token's outputs are bitwise
 the same in any batch, as the kernels' are. RoPE rounds as eager float32 does; the norm's sum

@@ -1,5 +1,5 @@
 // specdec's linear on GGUF codes and int8 activations, for x86 CPUs with AVX-512 VNNI
-// (specdec/runtime/int8.py says when and why).
+// (specdec/runtime/x86/int8.py says when and why).
 //
 // It computes a Q4_1 or Q8_0 weight's product as llama.cpp's CPU backend does: each row of x is
 // quantized per block of 32 inputs to int8 (scale da = max |x| / 127, codes round(x / da)), and a

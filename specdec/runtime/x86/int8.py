@@ -1,32 +1,23 @@
 """specdec's linear on GGUF codes times int8 activations, as llama.cpp runs a quantized model on
 a CPU (``int8.cpp``, on AVX-512 VNNI).
 
-Why: on a 2-core CPU every row of a pass past a few costs its float32 multiply-adds (0.9 to
-1.5 ms a row for SmolLM2-135M on the AMD EPYC VMs, docs/BENCHMARKS.md 2026-12-04), and a prompt's
-prefill, a verify's drafts and a batch's requests are all rows. An integer dot product
-(``vpdpbusd``) does 64 byte products a vector where a float32 fused multiply-add does 16. So
-each row is quantized per block of 32 inputs to int8 (scale max |x| / 127), and every block's
-product is exact in integers, scaled once by the weight's and the row's scales: GGUF's Q4_1 and
-Q8_0 blocks times llama.cpp's Q8 rows.
+Why: every row of a pass past a few costs its float32 multiply-adds, and a prompt's prefill, a
+verify's drafts and a batch's requests are all rows. An integer dot product (``vpdpbusd``)
+does 64 byte products a vector where a float32 fused multiply-add does 16. So each row is
+quantized per block of 32 inputs to int8 (scale max |x| / 127), and every block's product is
+exact in integers, scaled once by the weight's and the row's scales: GGUF's Q4_1 and Q8_0
+blocks times llama.cpp's Q8 rows.
 
-These are other numerics than the float32 linears': SmolLM2-135M's logits moved by up to 0.8
-(docs/benchmarks/int8/), and its greedy tokens on 7 of 16 HumanEval prompts were float32's for
-all of 64 tokens, on the others they parted sooner, at near-ties. So a model with blocks runs
-them under ``linears: auto`` or ``int8`` on a CPU with VNNI, and ``linears: quantized`` keeps
-float32's numerics bitwise. Within them a row's
-outputs are bitwise its outputs alone, in any batch: speculative decoding on them commits the
-tokens that plain decoding on them does.
-
-On the 2-core AMD EPYC (2026-12-04) the projections of a pass took 3.2 / 6.2 / 20.8 / 76.2 ms at
-1 / 8 / 32 / 128 rows, the float32 panels' 12.8 / 14.8 / 32.6 / 114.0 (and the float32 codes' 6.5
-at one row); a decode's whole pass 3.4 ms against 6.8, a 100-token prefill 34.6 against 61.2.
+These are other numerics than the float32 linears' (logits move by up to about 1; greedy
+outputs part from float32's at near-ties), which the plan says (``numerics``); ``linears:
+quantized`` keeps float32's numerics bitwise. Within them a row's outputs are bitwise its
+outputs alone, in any batch: speculative decoding on them commits the tokens that plain
+decoding on them does.
 
 On a CPU with AMX (amx_int8), passes of ``AMX_ROWS`` rows or more take each block's integer sums
 for 16 rows from one tile product; the float terms after it are the same, so the outputs are
-bitwise the ``vpdpbusd`` path's. On the 2-core AMX Xeon (2026-12-05, docs/benchmarks/amx-int8/)
-a 1536 x 576 projection took 0.89x the time at 16 rows and 0.76x at 128, 2.5x at one row (so
-short passes keep ``vpdpbusd``); a 16 x 4 pass 0.77x. The float terms, one conversion and two
-fused multiply-adds per block, row and output, are then half the work.
+bitwise the ``vpdpbusd`` path's (shorter passes keep ``vpdpbusd``, faster there). Timings:
+docs/RESULTS.md, "Runtime".
 
 ``pack`` lays a weight's GGUF blocks out for the kernel; ``reference`` is the same product in
 float64 from torch's integer matmuls, for tests.

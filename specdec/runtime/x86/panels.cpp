@@ -1,4 +1,4 @@
-// specdec's float32 linear for x86 CPUs with AVX-512 (specdec/runtime/panels.py says when and why).
+// specdec's float32 linear for x86 CPUs with AVX-512 (specdec/runtime/x86/panels.py says when and why).
 //
 // The weight [out, in] is held as panels: [out_pad / 16, in, 16], panel j holding outputs
 // 16j..16j+15 with one 64-byte vector (a cache line) per input. A task owns PANELS panels; for
@@ -6,9 +6,8 @@
 // inputs once, one fused multiply-add per row and panel per input, so the weight streams from
 // memory once per call whatever the number of rows, and the panels stay in cache across the row
 // tiles. The first tile prefetches the lines AHEAD inputs on (past the task's end, the thread's
-// next task's first ones), so the stream from memory overlaps the tile's compute: the linears of
-// a pass of 8 rows then took 22% less, of 12 rows 25% less (a 576 x 3072 weight out of cache,
-// 2026-12-04).
+// next task's first ones), so the stream from memory overlaps the tile's compute (a fifth less
+// time for a pass of 8 to 12 rows; docs/RESULTS.md).
 //
 // Every output is the same chain of fused multiply-adds over the inputs in order, whatever the
 // number of rows, the tile the row falls in or the thread that runs it: a row's outputs are

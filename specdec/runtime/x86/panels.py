@@ -1,13 +1,9 @@
 """specdec's float32 linear on x86 CPUs with AVX-512: the weight held as panels of 16 outputs,
 streamed once per call whatever the number of rows (``panels.cpp``).
 
-Why: on a 2-core Xeon with AVX-512 and no AMX, where float32 is served, a decode step streams
-the float32 weights from memory (540 MB for SmolLM2-135M against a 260 MiB L3) and a pass of a
-few rows should cost what one row costs. oneDNN's and MKL's linears did not: the linears of a
-pass of 8 rows took 30.6 ms on oneDNN's packed copy against 16.8 for one row on the ``[in, out]``
-copy. On the panels they took 24.6 ms, one row 16.0, and 32 rows 50.1 against 56.4; at 128 rows
-they tie, and a 256-token prompt chunk's whole pass is 6% slower (docs/benchmarks/panels/,
-2026-12-04).
+Why: a float32 decode step streams the whole weight from memory, and a pass of a few rows
+should cost what one row costs; oneDNN's and MKL's linears repack or re-read the weight per
+row block, the panels stream it once (docs/RESULTS.md, "Runtime").
 
 Every output is the same chain of fused multiply-adds over the inputs, so a row's outputs are
 bitwise its outputs alone, in any batch.

@@ -8,8 +8,7 @@ registers: the products are the float32 panel linear's own, over the same float3
 (GGUF's dequantization, which is what transformers loads), so its outputs are bitwise the
 float32 panels' and serving commits the same tokens. Decoding is not free (about what 4 rows'
 products cost), so a projection keeps both copies and runs passes of at most ``ROWS`` rows on
-the codes, longer ones on the float32 panels; bitwise equal, the switch never shows. On the
-2-core AMD EPYC a decode's whole pass took 9.3 ms against 13.5 (docs/BENCHMARKS.md, 2026-12-04).
+the codes, longer ones on the float32 panels; bitwise equal, the switch never shows.
 
 ``pack`` lays a weight's blocks out as panels; ``dequantize`` decodes that layout in torch, and
 ``matches`` compares it bitwise with the float32 panels of a weight (the tests' check of
@@ -26,12 +25,8 @@ import torch
 from specdec.models.gguf_blocks import BLOCK, Blocks, halves
 from specdec.runtime.x86 import panels
 
-# The most rows a pass runs on the codes; longer ones run on the float32 panels. Decoding costs
-# about what 4 rows' products do, and up to about 5 rows the float32 panels' products hide under
-# their stream from memory: on the 2-core AMD EPYC (2026-12-04) the projections of a
-# SmolLM2-135M pass (the lm_head included) took 8.3 / 11.4 / 13.2 / 14.7 / 16.4 ms at
-# 1 / 3 / 4 / 5 / 6 rows on the codes, 13.2 / 13.3 / 14.6 / 14.7 / 15.6 on the panels
-# (docs/benchmarks/quantized/).
+# The most rows a pass runs on the codes; longer ones run on the float32 panels: up to about 5
+# rows the float32 panels' products hide under their stream from memory (docs/RESULTS.md).
 ROWS = 4
 
 
