@@ -71,3 +71,21 @@ def git_state() -> dict:
                 "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
+
+
+def log_plan(target: str, runtime) -> dict | None:
+    """The target's runtime plan (``specdec.runtime.RuntimeConfig`` ``runtime``, its device the
+    one the job's actors take), resolved from the model's config alone as they will resolve it:
+    printed, and logged as MLflow params ``plan.*`` in the active run. None for a model the
+    runtime does not run (transformers runs it)."""
+    from specdec.models.sources import model_config
+    from specdec.runtime import resolve_plan, unsupported
+
+    config, blocks = model_config(target)
+    if unsupported(config):
+        print(f"plan: transformers runs {target} ({unsupported(config)})", flush=True)
+        return None
+    plan = resolve_plan(runtime, config, blocks, present=False)
+    print(plan.describe(), flush=True)
+    log_params(plan.to_dict(), prefix="plan.")
+    return plan.to_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import time
 
 import pytest
@@ -197,14 +198,21 @@ def test_idle_requests_are_swept(tiny_llama):
     assert target.active() == ["new"]
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the x86 backend")
 def test_the_actor_attends_the_way_it_is_told(tiny_llama):
-    """The serve config's ``attention`` reaches the target's runtime (bfloat16: batch
-    invariant); auto leaves it to the load-time probe."""
+    """The serve config's runtime knobs reach the target's plan and runtime (bfloat16 on the x86
+    backend: batch invariant); auto leaves it to the plan's probe; the plan comes back in
+    ``info`` (``/health`` returns it)."""
     for attention in ("per_query", "grouped"):
         target = TargetActor(tiny_llama["target"], "none", "bfloat16", attention=attention)
-        assert target.worker.target_model.runtime.attention_kind == attention
+        assert target.worker.target_model.runtime.attention.kind == attention
+        assert target.info().plan["attention"] == attention
     auto = TargetActor(tiny_llama["target"], "none", "bfloat16").worker.target_model.runtime
-    assert auto.attention_kind in ("grouped", "per_query")
+    assert auto.attention.kind in ("grouped", "per_query")
+    torch_backend = TargetActor(tiny_llama["target"], "none", "float64", backend="torch",
+                                max_model_len=96, kv_slots=3).info()
+    assert torch_backend.max_length == 96
+    assert (torch_backend.plan["backend"], torch_backend.plan["slots"]) == ("torch", 3)
 
 
 def test_actor_sets_its_torch_threads(tiny_llama):
