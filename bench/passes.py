@@ -47,7 +47,7 @@ def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -
 
 class Passes:
     """A target with ``running`` requests holding ``context`` cached tokens each, and one more
-    request slot for prompts; ``time`` runs one pass and crops every request back."""
+    request for prompts; ``time`` runs one pass and crops every request back."""
 
     def __init__(self, target, running: int, context: int):
         self.target, self.context = target, context
@@ -55,6 +55,7 @@ class Passes:
         with torch.inference_mode():
             for s in self.states:
                 target.forward(s, list(range(5, 5 + context)), last_logits_only=True)
+        self.prompt = target.new_state()
         self.last: list = []
 
     def time(self, new: Sequence[int], prompt: int = 0) -> float:
@@ -63,18 +64,16 @@ class Passes:
         states = [s for s, n in zip(self.states, new, strict=False) if n]
         ids = [list(range(10, 10 + n)) for n in new if n]
         last = [False] * len(states)
-        fresh = None
         if prompt:
-            fresh = self.target.new_state()
-            states, ids, last = [fresh, *states], [list(range(7, 7 + prompt)), *ids], [True, *last]
+            states = [self.prompt, *states]
+            ids, last = [list(range(7, 7 + prompt)), *ids], [True, *last]
         t0 = time.perf_counter()
         with torch.inference_mode():
             self.last = self.target.forward_batch(states, ids, last_logits_only=last)
         dt = (time.perf_counter() - t0) * 1e3
         for s in self.states:
             self.target.crop(s, self.context)
-        if fresh is not None:
-            self.target.release(fresh)
+        self.target.crop(self.prompt, 0)
         return dt
 
 
