@@ -10,8 +10,7 @@ repeats), the mean batch a target step ran (from ``GET /debug/metrics``), and wh
 output equals the same method's sequential (concurrency 1) one and AR's. The SD app's suffix
 tree does not learn online here (``suffix.online: false``; the served default learns): every
 level and repeat sends the same prompts, so an online tree would replay the outputs of the ones
-before and the levels would not compare (the run of 2026-12-01 14:45 measured 17.4 tok/s cold
-and 38.6 warm at concurrency 1).
+before and the levels would not compare.
 With ``--unbatched``, AR also runs with ``batching.max_batch: 1``
 (each step one request: the engine before continuous batching) at the highest concurrency.
 With ``--engine``, the SD app's engine also runs in this process (``sd_engine``: the same
@@ -115,7 +114,7 @@ def p95(latencies: list[float]) -> float:
 
 class InProcess:
     """The SD app's engine in this process, without Ray or HTTP: the same models, settings,
-    suffix tree and thread count as its target actor (issue 18: the served path against it)."""
+    suffix tree and thread count as its target actor (the served path against it)."""
 
     def __init__(self, args: dict):
         from cluster.app import resolve_references

@@ -1,4 +1,4 @@
-"""The engine benchmark (issue 5): how much faster each method decodes the same target.
+"""The engine harness: how much faster each method decodes the same target.
 
     python -m bench.engine --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
 
