@@ -50,14 +50,14 @@ SERVE_CONFIG ?= configs/serve/local.yaml
 serve: setup
 	RAY_AUTH_MODE=disabled $(BIN)/python -m cluster.serve_local $(SERVE_CONFIG)
 
-# ---- training pipelines (issue #4; docs/PIPELINES.md) ----------------------------------------
+# ---- training pipelines (docs/PIPELINES.md) ----------------------------------------------------
 RAY_PORT       ?= 6390
 DASHBOARD_PORT ?= 8265
 MLFLOW_PORT    ?= 5000
 SPECDEC_TINY   ?= $(SPECDEC_HOME)/tiny-models
 TRAIN_JOBS     := corpus responses suffix_index train_drafter simulate train_preverifier evaluate
 
-# A local Ray head for `ray job submit` (token auth off, as DESIGN.md says for local clusters);
+# A local Ray head for `ray job submit` (token auth off, as docs/DESIGN.md says for local clusters);
 # jobs inherit PATH (so `python` is the venv's) and SPECDEC_HOME.
 cluster: setup
 	PATH=$(CURDIR)/$(BIN):$$PATH RAY_AUTH_MODE=disabled $(BIN)/ray start --head \
@@ -81,7 +81,7 @@ pipelines-tiny: setup
 			--config configs/train/tiny/$$job.yaml || exit 1; \
 	done
 
-# The default pair (issue #5): corpus -> responses -> train_drafter -> simulate ->
+# The default pair: corpus -> responses -> train_drafter -> simulate ->
 # train_preverifier -> evaluate (PACER and ASD sweep on dev) -> suffix_index -> export to $(DEFAULT_PAIR) (bfloat16 + provenance.json), each
 # stage timed. Hours on 2 cores. `make train-default FROM=simulate` reuses the recorded earlier
 # stages and continues there; FROM=export only re-exports; RECORD="train_drafter=RUN_ID ..."

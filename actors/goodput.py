@@ -5,17 +5,15 @@ adds to the step's time, priced at what the target's time is worth: the tokens i
 second. Three measured things price it:
 
 - ``StepCost``: a pass's time against its new tokens, measured on the target's own runtime at
-  load (one request of n tokens, the fastest of a few runs). Its shape is the machine's: on the
-  float32 Xeon without AMX a row cost 1.2 ms over a 46 ms step of 8 decodes (docs/BENCHMARKS.md,
-  2026-12-03); on the AMX Xeon in bfloat16, rows were almost free up to the 32 a batch-invariant
-  linear takes at once, then a second piece cost another read of the weights.
+  load (one request of n tokens, the fastest of a few runs). Its shape is the machine's: where a
+  pass streams its weights from memory, rows are almost free until the linear's compute shows;
+  where a pass is compute-bound, each row costs its share.
 - ``Goodput.rate``: the tokens the recent steps committed per second of step time spent on
   them: a prompt chunk's share (its tokens' cost on ``StepCost``) is left out, since a prompt is
   prefilled whether its neighbours draft or not. Counted in, it priced the target's time at what
-  decoding and prefilling together make of it: at 8 clients on the AMD EPYC with int8 linears
-  (docs/BENCHMARKS.md, 2026-12-04) prompt chunks filled about 45% of the steps, the rate read
-  half what decoding made, and no draft was cut where verifying the suffix drafts' tokens cost
-  more than they saved.
+  decoding and prefilling together make of it: where prompt chunks fill much of the steps, the
+  rate read far below what decoding made, and no draft was cut where verifying the drafts'
+  tokens cost more than they saved.
 - A draft token's chance to be committed: the drafter's own confidence where it gives one (the
   suffix tree's path probability), scaled by how the drafts' confidence has matched what was
   accepted; else the rate at which tokens at its depth were accepted.
@@ -118,8 +116,7 @@ class Goodput:
         recent ``rate``, and at least what plain decoding of those requests would make of it
         (``requests`` tokens in ``cost(requests)``). The floor keeps drafts from pricing
         themselves: long drafts slow the steps, the slower steps' rate priced their rows low, and
-        the drafts stayed long (on the AMD EPYC with int8 linears, 2026-12-04, two runs of 16
-        clients drafted 1.30 and 2.92 tokens a round with the same code)."""
+        the drafts stayed long (docs/RESULTS.md#serve-defaults-chosen-by-measurement)."""
         plain = requests / self.cost(requests) if requests else 0.0
         return max(self.rate, plain)
 

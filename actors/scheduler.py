@@ -43,9 +43,8 @@ actors' control reads never race a step. Nothing here knows Ray.
 step and every open; no other thread of the actor runs model work. PyTorch's CPU kernels run
 on OpenMP, which gives each thread that starts parallel work a team of its own, and libgomp
 cuts its idle threads' spin-wait to almost nothing once the process holds more OpenMP threads
-than cores: a second model thread made every forward ~1.7x slower on the 2-core machine
-(docs/BENCHMARKS.md, entry of 2026-12-02: the served target's verify took 110 ms a round
-against 58 ms in one thread).
+than cores: a second model thread made every forward far slower
+(docs/RESULTS.md#serve-defaults-chosen-by-measurement).
 """
 
 from __future__ import annotations

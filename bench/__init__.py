@@ -1,18 +1,19 @@
-"""Benchmarks: how fast each path decodes, measured on the same prompts (issues 3, 5, 14, 15).
+"""Benchmarks: how fast each path decodes, as three harnesses run as ``python -m bench.NAME``
+(the current numbers: docs/RESULTS.md; every run: docs/BENCHMARKS.md):
 
-Each benchmark is a module run as ``python -m bench.NAME`` (commands and the latest numbers:
-docs/BENCHMARKS.md):
+- engine (``bench.engine``): every method (AR, HF ``generate``, prompt lookup, n-gram, suffix,
+  fixed windows, the heuristic, PACER, PACER + ASD, the ablations) in one process on HumanEval
+  and ShareGPT prompts, journaled so a run resumes; ``config``, ``methods``, ``journal``,
+  ``metrics``, ``drift``, ``plots`` are its parts. ``suffix_replay`` replays the suffix
+  drafter's accepted length from greedy outputs (no timing); ``gpu_check`` checks the GPU
+  path on one CUDA device, stage by stage (docs/GPU.md).
+- served (``bench.batching``): the served default and plain AR over HTTP at concurrency levels,
+  with variants, against the in-process engine.
+- passes (``bench.passes``): the target's passes alone, each arm a way to load it;
+  ``ceiling`` and ``draft_caps`` price the served loop and the draft caps on its timer.
 
-- ``engine``: every method (AR, HF ``generate``, prompt lookup, n-gram, suffix, fixed windows,
-  the heuristic, PACER, PACER + ASD, the ablations) in one process on HumanEval and ShareGPT
-  prompts, journaled so a run resumes; ``config``, ``methods``, ``journal``, ``metrics``,
-  ``humaneval`` (pass@1), ``plots`` and ``report`` are its parts.
-- ``serve``: the served path (HTTP -> Serve -> actors) against the in-process engine.
-- ``runtime``: specdec's own target forward against transformers'.
-- ``gpu_check``: the GPU path on one CUDA device, stage by stage (the tiny pair, the served
-  target's speed and equality per dtype, a shortened drafter training); docs/GPU.md.
-- ``suffix_replay``: the suffix drafter's accepted length replayed from greedy outputs (no
-  timing).
+Shared by all three: ``humaneval`` (the prompts and pass@1), ``report`` (the machine
+description, the date and the Markdown), ``passes.interleaved`` (arms timed in turn).
 
 This is the top layer: it may import ``cluster/`` (the served path), ``pipelines.common``
 (configs, Parquet formats, MLflow logging), ``actors/`` and ``specdec/``; nothing imports it

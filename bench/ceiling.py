@@ -32,20 +32,18 @@ against a served run's: the machine's speed drifts between runs.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
-import time
 from datetime import date
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from bench.batching import goals, humaneval_prompts
-from bench.passes import CACHED, cached_forward, interleaved
-from specdec.runtime import Row
+from bench import humaneval
+from bench.batching import goals
+from bench.passes import Passes, interleaved
+from bench.report import machine_line, write
 
 CONTEXT = 160  # cached tokens of each running request (a 100-token prompt and 60 generated)
 
@@ -84,32 +82,14 @@ def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[in
 
 
 def measure(target, levels: list[int], lengths: list[int], repeats: int) -> tuple[dict, dict]:
-    """decode[c] and joined[c][P] in ms on ``target``'s weights and KV dtype: every pass in
-    turn (``bench.passes.interleaved``), ``repeats`` times after a warm-up round, so the
-    machine's drift falls on all alike; the medians."""
-    if max(levels) > CACHED:
-        raise SystemExit(f"--concurrency: at most {CACHED} (the probe's cached slots)")
-    fwd = cached_forward(target.runtime.w, CONTEXT, target.runtime.pool.dtype)
-
-    def timed(rows: list[Row]) -> float:
-        t0 = time.perf_counter()
-        fwd(rows)
-        dt = (time.perf_counter() - t0) * 1e3
-        for r in rows:
-            fwd.pool.crop(r.slot, 0 if r.slot == CACHED else CONTEXT)
-        return dt
-
-    def decodes(c: int) -> list[Row]:
-        return [Row(b, [10 + b], logits_at=[0]) for b in range(c)]
-
-    def prompt(p: int) -> Row:
-        return Row(CACHED, list(range(7, 7 + p)), logits_at=[p - 1], chunk=True)
-
-    arms = {("decode", c, 0): decodes(c) for c in levels}
-    arms |= {("joined", c, p): [prompt(p), *decodes(c - 1)] for c in levels for p in lengths}
-    with torch.inference_mode():
-        median = interleaved({key: partial(timed, rows) for key, rows in arms.items()},
-                             repeats, 1)
+    """decode[c] and joined[c][P] in ms on ``target`` as served: every pass in turn
+    (``bench.passes``), ``repeats`` times after a warm-up round, so the machine's drift falls
+    on all alike; the medians."""
+    passes = Passes(target, max(levels), CONTEXT)
+    arms = {("decode", c, 0): partial(passes.time, [1] * c) for c in levels}
+    arms |= {("joined", c, p): partial(passes.time, [1] * (c - 1), p)
+             for c in levels for p in lengths}
+    median = interleaved(arms, repeats, 1)
     decode = {c: median["decode", c, 0] for c in levels}
     joined = {c: {p: median["joined", c, p] for p in lengths} for c in levels}
     return decode, joined
@@ -150,20 +130,18 @@ def main(argv=None) -> None:
     from specdec.engine.loading import load_target
 
     torch.set_num_threads(2)  # the served target actor's threads
-    target = load_target("smollm2-135m", dtype="auto", kv_slots=1)  # the served numerics
-    lengths = [len(target.tokenizer(p)["input_ids"]) for p in humaneval_prompts(args.prompts)]
+    target = load_target("smollm2-135m", dtype="auto",  # the served numerics
+                         kv_slots=max(args.concurrency) + 1)
+    lengths = [len(target.tokenizer(p)["input_ids"]) for p in humaneval.prompts(args.prompts)]
     decode, joined = measure(target, args.concurrency, sorted(set(lengths)), args.repeats)
     result = {"date": date.today().isoformat(),
-              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, "
-                         f"torch {torch.__version__}",
+              "machine": machine_line(),
               "command": "python -m bench.ceiling " + " ".join(
                   argv if argv is not None else sys.argv[1:]),
               "prompt_tokens": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
               "decode_ms": decode, "joined_ms": joined,
               "ceiling": ceilings(lengths, args.max_tokens, args.concurrency, decode, joined)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ceiling.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "ceiling.md").write_text(markdown(result))
+    write(args.out, "ceiling", result, markdown(result), indent=1)
     print(markdown(result))
 
 

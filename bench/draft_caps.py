@@ -20,52 +20,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from bench.passes import Passes, interleaved
+from bench.report import machine_line, write
 from specdec.models.target import TargetModel
-from specdec.runtime import Row
 
 BATCHES = (1, 2, 4, 8, 16)
 NEW_TOKENS = (1, 2, 3, 5, 9, 17)
 CONTEXT = 128
 
 
-def step_cost(fwd, batch: int, new: int, repeats: int) -> float:
-    """Median seconds of one pass appending ``new`` tokens to ``batch`` cached contexts."""
-    pool = fwd.pool
-    slots = [pool.acquire() for _ in range(batch)]
-    try:
-        for s in slots:
-            fwd([Row(s, list(range(100, 100 + CONTEXT)), logits_at=[CONTEXT - 1])])
-        ids = list(range(200, 200 + new))
-        times = []
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
-            fwd([Row(s, ids, logits_at=range(new)) for s in slots])
-            if i:  # the first is a warm-up
-                times.append(time.perf_counter() - t0)
-            for s in slots:
-                pool.crop(s, CONTEXT)
-        return statistics.median(times)
-    finally:
-        for s in slots:
-            pool.release(s)
-
-
 def cost_table(target: str, dtype: str, threads: int, repeats: int) -> dict[int, dict[int, float]]:
+    """Seconds of a pass of B requests x T new tokens after ``CONTEXT`` cached ones, on the
+    passes harness's timer: the median of ``repeats`` after a warm-up."""
     torch.set_num_threads(threads)
     model = TargetModel.from_pretrained(target, dtype=dtype, backend="runtime",
-                                        pool_size=max(BATCHES))
-    shapes = [(b, t) for b in BATCHES for t in NEW_TOKENS]
+                                        pool_size=max(BATCHES) + 1)
+    passes = Passes(model, max(BATCHES), CONTEXT)
     costs: dict[int, dict[int, float]] = {b: {} for b in BATCHES}
-    for b, t in tqdm(shapes, desc="step costs"):
-        costs[b][t] = step_cost(model.runtime, b, t, repeats)
+    for b, t in tqdm([(b, t) for b in BATCHES for t in NEW_TOKENS], desc="step costs"):
+        costs[b][t] = interleaved({"pass": partial(passes.time, [t] * b)}, repeats, 1)["pass"] / 1e3
     return costs
 
 
@@ -143,11 +123,9 @@ def main(argv=None) -> None:
     costs = cost_table(a.target, a.dtype, a.threads, a.repeats)
     caps = best_caps(costs, accepted, drafted)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-                   f"{a.threads} threads",
+        "machine": machine_line(),
         "command": "python -m bench.draft_caps " + " ".join(argv or []),
         "target": a.target, "dtype": a.dtype, "journal": a.journal, "method": a.method,
         "accepted_share_per_position": accepted, "drafted_share_per_position": drafted,
@@ -156,7 +134,7 @@ def main(argv=None) -> None:
                                  for b, c in caps.items()},
         "draft_caps": {str(b): c["cap"] for b, c in caps.items()},
     }
-    (out / "draft_caps.json").write_text(json.dumps(result, indent=2))
+    write(out, "draft_caps", result)
     plot(costs, out)
     print(json.dumps(result["draft_caps"]))
 

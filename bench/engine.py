@@ -1,4 +1,4 @@
-"""The engine benchmark (issue 5): how much faster each method decodes the same target.
+"""The engine harness: how much faster each method decodes the same target.
 
     python -m bench.engine --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
 
@@ -24,7 +24,6 @@ before any model loads.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -142,12 +141,9 @@ def write_outputs(results: dict, asd_methods: dict[str, str], out_dir: Path) -> 
     import matplotlib.pyplot as plt
 
     from bench.plots import figures
-    from bench.report import markdown
+    from bench.report import markdown, write
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "results.json", out_dir / "results.md"]
-    paths[0].write_text(json.dumps(results, indent=2) + "\n")
-    paths[1].write_text(markdown(results))
+    paths = write(out_dir, "results", results, markdown(results))
     summary = {w: x["methods"] for w, x in results["workloads"].items()}
     for stem, fig in figures(summary, asd_methods).items():
         paths.append(out_dir / f"{stem}.png")

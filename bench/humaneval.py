@@ -10,7 +10,7 @@ turns a reply into what the harness appends to the problem's prompt:
   function has only a docstring for a body, so it is complete; the reply's definition replaces
   it); other code is taken as the body that continues the prompt (the completion format).
 
-``passes`` runs the problem's tests on it in a child process with a timeout (the harness's
+``prompts`` is the one loader of raw HumanEval prompts. ``passes`` runs the problem's tests on it in a child process with a timeout (the harness's
 ``check_correctness``). It is not a sandbox beyond what the harness does: run it only on
 completions from models you trust to that degree.
 """
@@ -34,6 +34,12 @@ def problems() -> dict[str, dict]:
 def task_number(task_id: str) -> int:
     """``HumanEval/12`` -> 12 (the order of the fixed subset)."""
     return int(task_id.rsplit("/", 1)[1])
+
+
+def prompts(n: int) -> list[str]:
+    """The first ``n`` problems' prompts by task number, as raw text (the served harnesses'
+    prompts; the engine harness reads the corpus's chat-templated ones)."""
+    return [problems()[k]["prompt"] for k in sorted(problems(), key=task_number)[:n]]
 
 
 def extract_code(reply: str) -> str:

@@ -1,22 +1,36 @@
-"""What the pass probes under ``docs/benchmarks/`` share: arms timed in turn, a forward with
-rows already cached, and the sweep of whole passes and prompt prefills.
+"""The passes harness: the target's forward passes timed alone, each arm a way to load it.
 
-A probe, not a benchmark: it times one ``Forward`` call at a time, with nothing else running,
-and says nothing about serving.
+A probe, not a benchmark: one ``TargetModel.forward_batch`` at a time, nothing else running,
+nothing about serving. It reaches the runtime only through the target's public surface
+(``load_target``, ``new_state``, ``forward_batch``, ``crop``), so an arm is a set of
+``load_target`` options (``dtype``, ``linears``, ``attention``, ``kv_cache_dtype``) and the same
+sweep compares any two ways of running the target:
+
+- whole passes of B requests x T new tokens after ``--context`` cached ones (a batch of decodes
+  is T = 1, a verify of a k-token draft T = k + 1);
+- prefills of each prompt length alone;
+
+every arm in turn, so the machine's drift falls on all alike, with the largest logit difference
+between the arms' last outputs. ``bench.ceiling`` and ``bench.draft_caps`` price their models on
+the same timer.
+
+    python -m bench.passes --arm 'default={}' --arm 'torch={"linears": "torch"}' \\
+        --passes 1x1 8x1 8x4 16x1 --prompts 100 --context 160 --out DIR
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 
 import torch
 
-from specdec.runtime import Forward, KVPool, Row, Weights
-
-CACHED = 16  # slots holding a cached context; the next one is the prompts'
+from bench.report import machine_line, now, write
 
 
 def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -> dict[str, float]:
@@ -31,81 +45,114 @@ def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -
     return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
 
-def cached_forward(weights: Weights, context: int, cache: torch.dtype | None = None,
-                   **options) -> Forward:
-    """A forward whose slots 0..CACHED-1 hold ``context`` cached tokens each, slot CACHED
-    taken for prompts; its KV pool in ``cache`` (None: the weights' dtype); ``options``:
-    ``Forward``'s."""
-    s = weights.shape
-    pool = KVPool(s.layers, CACHED + 1, s.kv_heads, s.max_len, s.head_dim,
-                  cache or weights.embed.dtype)
-    fwd = Forward(weights, pool, **options)
-    for _ in range(CACHED):
-        fwd([Row(pool.acquire(), list(range(5, 5 + context)), logits_at=[context - 1],
-                 chunk=True)])
-    pool.acquire()
-    return fwd
+class Passes:
+    """A target with ``running`` requests holding ``context`` cached tokens each, and one more
+    request for prompts; ``time`` runs one pass and crops every request back."""
 
+    def __init__(self, target, running: int, context: int):
+        self.target, self.context = target, context
+        self.states = [target.new_state() for _ in range(running)]
+        with torch.inference_mode():
+            for s in self.states:
+                target.forward(s, list(range(5, 5 + context)), last_logits_only=True)
+        self.prompt = target.new_state()
+        self.last: list = []
 
-def timer(forwards: dict[str, Forward]) -> tuple[Callable[[str, list[Row], int], float], dict]:
-    """``sweep``'s ``timed`` over these forwards (by arm), and a dict of each arm's last
-    outputs, for its ``gap``."""
-    last = {}
-
-    def timed(name: str, rows: list[Row], crop: int) -> float:
-        fwd = forwards[name]
+    def time(self, new: Sequence[int], prompt: int = 0) -> float:
+        """ms of one pass: ``new[i]`` tokens for running request i (0: not in the pass), and a
+        ``prompt``-token prefill beside them when ``prompt`` > 0."""
+        states = [s for s, n in zip(self.states, new, strict=False) if n]
+        ids = [list(range(10, 10 + n)) for n in new if n]
+        last = [False] * len(states)
+        if prompt:
+            states = [self.prompt, *states]
+            ids, last = [list(range(7, 7 + prompt)), *ids], [True, *last]
         t0 = time.perf_counter()
-        last[name] = fwd(rows)
+        with torch.inference_mode():
+            self.last = self.target.forward_batch(states, ids, last_logits_only=last)
         dt = (time.perf_counter() - t0) * 1e3
-        for r in rows:
-            fwd.pool.crop(r.slot, crop)
+        for s in self.states:
+            self.target.crop(s, self.context)
+        self.target.crop(self.prompt, 0)
         return dt
 
-    return timed, last
+
+def gap(a: list, b: list) -> float:
+    """The largest logit difference between two arms' outputs of the same pass."""
+    return max(float((x.logits.float() - y.logits.float()).abs().max())
+               for x, y in zip(a, b, strict=True))
 
 
-def sweep(timed: Callable[[str, list[Row], int], float], arms: Sequence[str],
-          passes: Sequence[tuple[int, int]], prompts: Sequence[int], context: int,
-          gap: Callable[[], float]) -> dict[str, list[dict]]:
-    """Whole passes of B requests x T new tokens after ``context`` cached ones, and prefills
-    of each prompt length, every arm in turn: ``timed(arm, rows, crop)`` runs the rows in that
-    arm, crops their slots back to ``crop`` and returns its ms; ``gap()`` the largest logit
-    difference between the arms' last outputs."""
-    out = {"passes_ms": [], "prefill_ms": []}
-    with torch.inference_mode():
-        for B, T in passes:
-            rows = [Row(b, list(range(10, 10 + T)), logits_at=range(T)) for b in range(B)]
-            ms = interleaved({a: partial(timed, a, rows, context) for a in arms}, 12, 3)
-            out["passes_ms"].append({"B": B, "T": T, **ms, "max_logit_gap": gap()})
-            print(out["passes_ms"][-1], flush=True)
-        for n in prompts:
-            rows = [Row(CACHED, list(range(7, 7 + n)), logits_at=[n - 1], chunk=True)]
-            ms = interleaved({a: partial(timed, a, rows, 0) for a in arms}, 6, 2)
-            out["prefill_ms"].append({"tokens": n, **ms, "max_logit_gap": gap()})
-            print(out["prefill_ms"][-1], flush=True)
-    return out
+def sweep(arms: dict[str, Passes], passes: Sequence[tuple[int, int]], prompts: Sequence[int],
+          repeats: int = 12, warm: int = 3) -> dict[str, list[dict]]:
+    """Every pass and prefill timed in every arm in turn; the medians (ms) and, with two arms
+    or more, the largest logit gap of each arm against the first."""
+    first, *others = arms
+
+    def row(**shape) -> dict:
+        out = {**shape, **interleaved(times, repeats, warm)}
+        if others:
+            out["max_logit_gap"] = max(gap(arms[first].last, arms[o].last) for o in others)
+        print(out, flush=True)
+        return out
+
+    result = {"passes_ms": [], "prefill_ms": []}
+    for B, T in passes:
+        times = {a: partial(p.time, [T] * B) for a, p in arms.items()}
+        result["passes_ms"].append(row(B=B, T=T))
+    for n in prompts:
+        times = {a: partial(p.time, [], n) for a, p in arms.items()}
+        result["prefill_ms"].append(row(tokens=n))
+    return result
 
 
-def weights_sweep(weights: dict[str, Weights], passes: Sequence[tuple[int, int]],
-                  prompts: Sequence[int], context: int) -> dict[str, list[dict]]:
-    """``sweep`` of two arms, one forward on each of the ``weights`` (by arm), the logit gap
-    being the largest difference between the two arms' last outputs."""
-    forwards = {name: cached_forward(w, context) for name, w in weights.items()}
-    timed, last = timer(forwards)
-    a, b = forwards
-
-    def gap() -> float:
-        return max(float((x.logits - y.logits).abs().max())
-                   for x, y in zip(last[a], last[b], strict=True))
-
-    return sweep(timed, list(forwards), passes, prompts, context, gap)
-
-
-def sweep_table(result: dict, a: str, b: str, context: int) -> list[str]:
-    """``sweep``'s passes and prefills as a markdown table of arm ``a`` against arm ``b``."""
+def table(result: dict, names: Sequence[str], context: int) -> list[str]:
+    """``sweep``'s passes and prefills as a markdown table, each arm against the first."""
+    a, *rest = names
+    head = ["pass", *names, *(f"{b} / {a}" for b in rest), *(["max logit gap"] if rest else [])]
     lines = [f"Whole passes (ms, {context} cached tokens) and prefills:", "",
-             f"| pass | {a} | {b} | {a} / {b} | max logit gap |", "| --- | --- | --- | --- | --- |"]
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     named = [(f"{r['B']} x {r['T']}", r) for r in result["passes_ms"]]
     named += [(f"prefill {r['tokens']}", r) for r in result["prefill_ms"]]
-    return lines + [f"| {name} | {r[a]:.1f} | {r[b]:.1f} | {r[a] / r[b]:.2f} | "
-                    f"{r['max_logit_gap']:.1e} |" for name, r in named]
+    for name, r in named:
+        cells = [name, *(f"{r[n]:.1f}" for n in names), *(f"{r[b] / r[a]:.2f}" for b in rest)]
+        cells += [f"{r['max_logit_gap']:.1e}"] if rest else []
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+    name, _, options = text.partition("=")
+    if not name or not options:
+        raise SystemExit(f"--arm {text!r}: expected NAME=JSON, e.g. 'torch={{\"linears\": \"torch\"}}'")
+    return name, json.loads(options)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--arm", action="append", default=[], help="NAME=JSON of load_target options")
+    ap.add_argument("--passes", nargs="+", default=["1x1", "8x1", "8x4", "16x1"], help="BxT")
+    ap.add_argument("--prompts", type=int, nargs="*", default=[100])
+    ap.add_argument("--context", type=int, default=160)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    from specdec.engine.loading import load_target
+
+    torch.set_num_threads(args.threads)
+    shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
+    running = max(b for b, _ in shapes)
+    options = dict(parse_arm(a) for a in args.arm) or {"default": {}}
+    arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o}, kv_slots=running + 1),
+                         running, args.context) for name, o in options.items()}
+    result = {"date": now(), "machine": machine_line(), "arms": options,
+              "command": "python -m bench.passes " + " ".join(argv or []),
+              **sweep(arms, shapes, args.prompts)}
+    print("\n".join(table(result, list(arms), args.context)))
+    if args.out:
+        write(args.out, "passes", result, "\n".join(table(result, list(arms), args.context)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,9 +8,11 @@ settings), ``methods`` (name -> what it runs), ``not_measured`` (name -> why), `
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
+from pathlib import Path
 
 
 def cpu_model() -> str:
@@ -35,6 +37,26 @@ def machine(device: str) -> dict:
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def machine_line() -> str:
+    """``machine``'s facts in one line, for the harnesses' reports."""
+    import torch
+
+    return (f"{cpu_model()}, {os.cpu_count()} CPU cores, {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}")
+
+
+def write(out: Path, stem: str, result: dict, md: str | None = None, indent: int = 2) -> list[Path]:
+    """The one report writer: ``out/STEM.json`` (the result) and, given its Markdown,
+    ``out/STEM.md``; the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.json"]
+    paths[0].write_text(json.dumps(result, indent=indent, default=str) + "\n")
+    if md is not None:
+        paths.append(out / f"{stem}.md")
+        paths[1].write_text(md)
+    return paths
 
 
 def now() -> str:

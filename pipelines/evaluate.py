@@ -8,8 +8,8 @@ distribution, and for ASD the regret spent and the accepted mismatches. The swee
 
     speedup ~= committed / (rounds + c_v * drafted)
 
-(one target pass costs 1 decode step plus c_v per verified draft token; c_v = 0.075 from the
-measured 1.6x cost of verifying 8 tokens on these CPUs; drafter cost ignored):
+(one target pass costs 1 decode step plus c_v per verified draft token; c_v = 0.075: a pass
+verifying 8 tokens costs about 1.6 decode steps on a CPU; drafter cost ignored):
 first every PACER (b, t, rho) of a grid, then ASD's gate g and exception cap M around the
 authors' (0.25, 2) at one budget B, on the picked PACER setting. The ASD authors ask that these
 controls be frozen on disjoint data; the budget B stays the caller's choice (it is the quality

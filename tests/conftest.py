@@ -60,7 +60,7 @@ def greedy_reference(model, prompt_ids: list[int], n: int, eos: frozenset[int]) 
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray instance for the whole test session (Serve apps, Train and Data jobs)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (DESIGN.md)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (docs/DESIGN.md)
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

@@ -1,4 +1,4 @@
-"""The layering rule, one direction only (DESIGN.md):
+"""The layering rule, one direction only (docs/DESIGN.md):
 
     bench/                 benchmarks: may import everything below; nothing imports it
     cluster/  pipelines/   serving | training jobs: never import each other

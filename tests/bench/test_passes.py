@@ -1,23 +1,28 @@
-"""The probes' pass sweep (bench/passes.py): two arms of weights timed pass by pass, with the
-logit gap between them, and its markdown table."""
+"""The passes harness (bench/passes.py) on the tiny pair: arms loaded through ``load_target``,
+every pass and prefill timed in each arm in turn, the logit gap between them, the table."""
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoModelForCausalLM
-
-from bench.passes import sweep_table, weights_sweep
-from specdec.runtime import Weights
+from bench.passes import Passes, sweep, table
+from specdec.engine.loading import load_target
 
 
-def test_a_sweep_of_two_weights_times_every_pass_and_measures_their_gap(tiny_llama):
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama["target"], dtype=torch.float32)
-    same = Weights.from_hf(model, panels=False)
-    result = weights_sweep({"a": same, "b": same}, ((1, 1), (2, 3)), (8,), 16)
+def test_two_arms_of_the_same_target_time_every_pass_with_no_logit_gap(tiny_llama):
+    arms = {name: Passes(load_target(tiny_llama["target"], kv_slots=3), 2, 16)
+            for name in ("a", "b")}
+    result = sweep(arms, ((1, 1), (2, 3)), (8,), repeats=2, warm=1)
     rows = result["passes_ms"] + result["prefill_ms"]
     assert [(r.get("B"), r.get("T"), r.get("tokens")) for r in rows] == [
         (1, 1, None), (2, 3, None), (None, None, 8)]
     assert all(r["a"] > 0 and r["b"] > 0 and r["max_logit_gap"] == 0 for r in rows)
-    table = sweep_table(result, "a", "b", 16)
-    assert table[2] == "| pass | a | b | a / b | max logit gap |"
-    assert [line.split(" | ")[0] for line in table[4:]] == ["| 1 x 1", "| 2 x 3", "| prefill 8"]
+    assert [s.length for s in arms["a"].states] == [16, 16]  # every pass cropped back
+    lines = table(result, ["a", "b"], 16)
+    assert lines[2] == "| pass | a | b | b / a | max logit gap |"
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| 1 x 1", "| 2 x 3", "| prefill 8"]
+
+
+def test_a_pass_feeds_each_running_request_its_tokens_beside_a_prompt(tiny_llama):
+    passes = Passes(load_target(tiny_llama["target"], kv_slots=4), 3, 5)
+    passes.time([1, 0, 2], prompt=4)
+    assert [out.logits.shape[0] for out in passes.last] == [1, 1, 2]  # the prefill's last only
+    assert [s.length for s in passes.states] == [5, 5, 5]
