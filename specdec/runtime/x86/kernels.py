@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.runtime.plan import cpu_flags, x86_cpu
+
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600  # a build takes about 25 s; a lock this old was left by a killed build
 
@@ -32,15 +34,6 @@ STALE_LOCK_S = 600  # a build takes about 25 s; a lock this old was left by a ki
 # multiply-add unless the source asks for one: g++ contracts vector intrinsics too, and RoPE
 # must round as the eager ops do
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-ffp-contract=off"]
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 def gcc_flag(feature: str) -> str:
@@ -55,7 +48,7 @@ def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = 
     cannot be had here (a str). ``needs``: CPU features beyond AVX-512F it is compiled for
     (cpuinfo's names: ``avx512_vnni`` is gcc's ``-mavx512vnni``); ``may_use``: features it is
     compiled for too but checks for itself at run time (``amx_int8``)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if not x86_cpu():
         return f"the CPU is {platform.machine()}, not x86-64"
     missing = [f for f in ("avx512f", *needs) if f not in cpu_flags()]
     if missing:
