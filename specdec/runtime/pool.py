@@ -5,7 +5,7 @@ Each request holds one *slot*: a row of ``k[layer]`` / ``v[layer]``, each
 Cropping a request is setting its length; a freed slot goes back to the pool and is reused.
 A full pool raises ``PoolFull``, which serving turns into an HTTP 503.
 
-It knows nothing about models or attention: the forward (``model.py``) writes into it and reads
+It knows nothing about models or attention: the forward (``forward.py``) writes into it and reads
 from it. Memory is taken with ``torch.empty``, so the pages a slot never touches cost nothing;
 positions a padded batch may read past a slot's end are zeroed once (``ensure_clean``), so
 masked-out garbage can never turn into NaN (0 * NaN is NaN inside the attention matmul).

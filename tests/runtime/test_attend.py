@@ -2,8 +2,8 @@
 decodes, causal verifies and tree-masked rows at contexts from 0 to past a 16-key block, every
 head dim it takes, with and without GQA, a strided q; every token bitwise the same alone and in
 any batch; bad input refused with the reason; and the forward on it (with the fused ops): float32
-verifies (causal and tree) bitwise the decodes of the same tokens, and how the ``attention``
-option picks it."""
+verifies (causal and tree) bitwise the decodes of the same tokens, and how the plan's
+``attention`` picks it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from specdec.runtime import Forward, KVPool, Row, Weights, attend
+from specdec.runtime import Forward, PlanError, Row
+from specdec.runtime.x86 import attend
+from tests.runtime.conftest import forward_of
 
 pytestmark = pytest.mark.skipif(attend.unavailable() is not None,
                                 reason=f"attention kernel: {attend.unavailable()}")
@@ -135,10 +137,8 @@ def float32_model():
 
 def forward(model, attention: str = "auto", slots: int = 3,
             cache: torch.dtype = torch.float32) -> Forward:
-    w = Weights.from_hf(model)
-    s = w.shape
-    return Forward(w, KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim, cache),
-                   attention=attention)
+    return forward_of(model, attention=attention, slots=slots,
+                      kv_cache_dtype="float16" if cache == torch.float16 else "model")
 
 
 @pytest.mark.parametrize("cache", [torch.float32, torch.float16])
@@ -148,7 +148,7 @@ def test_float32_verifies_are_bitwise_the_decodes_of_their_tokens(float32_model,
     one (so speculative decoding in float32 commits exactly plain decoding's tokens), on float32
     and on float16 KV caches (``kv_cache_dtype``)."""
     fwd = forward(float32_model, cache=cache)
-    assert fwd.attention_kind == "kernel" and fwd.pool.dtype == cache
+    assert fwd.attention.kind == "kernel" and fwd.pool.dtype == cache
     prompt, draft = list(range(3, 23)), [5, 9, 11, 2, 7]
     a, b, c = (fwd.pool.acquire() for _ in range(3))
     for slot in (a, b, c):
@@ -164,17 +164,20 @@ def test_float32_verifies_are_bitwise_the_decodes_of_their_tokens(float32_model,
 
 
 def test_the_attention_option_picks_the_kernel_or_says_why_not(float32_model):
-    assert forward(float32_model, "kernel").attention_kind == "kernel"
-    assert forward(float32_model, "sdpa").attention_kind is None
-    assert forward(float32_model, "grouped").attention_kind is None  # for bfloat16 passes only
+    """float32: the kernel or SDPA as asked (auto: the kernel); grouped and per-query attention
+    are for batch-invariant bfloat16 passes, an error at plan time for float32 ones; float64
+    attends through SDPA and cannot run the kernel; bfloat16 passes (batch invariant) cannot
+    attend through SDPA."""
+    assert forward(float32_model, "kernel").attention.kind == "kernel"
+    assert forward(float32_model).attention.kind == "kernel"
+    assert forward(float32_model, "sdpa").attention.kind == "sdpa"
+    with pytest.raises(PlanError, match="attention: grouped is for batch-invariant bfloat16"):
+        forward(float32_model, "grouped")
     float64 = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG), dtype=torch.float64)
-    w = Weights.from_hf(float64)
-    s = w.shape
-    pool = KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.float64)
-    assert Forward(w, pool).attention_kind is None  # auto: float64 attends through SDPA
-    with pytest.raises(ValueError, match="'kernel' cannot run here: it runs float32"):
-        Forward(w, pool, attention="kernel")
-    bf16 = Weights.from_hf(float64.to(torch.bfloat16))
-    pool = KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16)
-    with pytest.raises(ValueError, match="not batch invariant"):
-        Forward(bf16, pool, attention="sdpa", invariant=True)
+    assert forward_of(float64, slots=1).attention.kind == "sdpa"  # auto: float64 through SDPA
+    with pytest.raises(PlanError, match="attention: kernel cannot run here: it runs float32"):
+        forward_of(float64, attention="kernel", slots=1)
+    bf16 = float64.to(torch.bfloat16)
+    with pytest.raises(PlanError, match="attention: sdpa is for passes that are not batch "
+                                        "invariant"):
+        forward_of(bf16, backend="x86", attention="sdpa", slots=1)

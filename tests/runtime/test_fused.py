@@ -1,6 +1,6 @@
-"""The fused float32 element-wise ops (specdec/runtime/fused.cpp) against torch's: the RMSNorm
+"""The fused float32 element-wise ops (specdec/runtime/x86/fused.cpp) against torch's: the RMSNorm
 and silu * up within float32 rounding of float64, RoPE and the KV write bitwise the eager ops'
-(``model.rope``, ``KVPool.write``), every row bitwise its result alone, bad input refused with
+(``backend.rope``, ``KVPool.write``), every row bitwise its result alone, bad input refused with
 the reason; and a float32 forward on them against transformers."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from specdec.runtime import Forward, KVPool, Row, Weights, fused
-from specdec.runtime.model import rope
+from specdec.runtime import Row
+from specdec.runtime.backend import rope
+from specdec.runtime.x86 import fused
+from tests.runtime.conftest import forward_of
 
 pytestmark = pytest.mark.skipif(fused.unavailable() is not None,
                                 reason=f"fused ops: {fused.unavailable()}")
@@ -88,14 +90,12 @@ def test_a_float32_forward_on_the_fused_ops_equals_transformers():
                          max_position_embeddings=128, initializer_range=0.2)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    w = Weights.from_hf(model)
-    s = w.shape
     ids = [randn(n, seed=n).abs().mul(30).long().clamp(max=95).tolist() for n in (9, 4, 6)]
     outs = {}
     for on in (True, False):
-        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32))
-        assert fwd.fused and fwd.fused_rope
-        fwd.fused = fwd.fused_rope = on
+        fwd = forward_of(model, kv_cache_dtype="model", slots=2)
+        assert fwd.backend.fused and fwd.fused_rope
+        fwd.backend.fused = fwd.fused_rope = on
         a, b = fwd.pool.acquire(), fwd.pool.acquire()
         out = fwd([Row(a, ids[0], logits_at=range(9)), Row(b, ids[1], logits_at=range(4))])
         out += fwd([Row(a, ids[2], logits_at=range(6))])
@@ -106,21 +106,20 @@ def test_a_float32_forward_on_the_fused_ops_equals_transformers():
     torch.testing.assert_close(outs[True], outs[False], rtol=1e-4, atol=1e-4)
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     """A build killed midway leaves torch's lock file, on which every later load waits for as
     long as it exists: one older than any build goes, a fresh one (a build running) stays."""
     import os
     import time
 
-    from specdec.runtime import kernels
+    from specdec.runtime.x86 import kernels
 
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     lock = tmp_path / "specdec_probe" / "lock"
     lock.parent.mkdir()
     lock.touch()
-    kernels.clear_stale_lock("specdec_probe")
+    kernels.clear_stale_lock(lock.parent)
     assert lock.exists()
     old = time.time() - kernels.STALE_LOCK_S - 5
     os.utime(lock, (old, old))
-    kernels.clear_stale_lock("specdec_probe")
+    kernels.clear_stale_lock(lock.parent)
     assert not lock.exists()

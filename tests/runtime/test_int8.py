@@ -1,9 +1,9 @@
-"""The linear on GGUF codes times int8 rows (specdec/runtime/int8.py, int8.cpp): its rows are
+"""The linear on GGUF codes times int8 rows (specdec/runtime/x86/int8.py, int8.cpp): its rows are
 quantized as llama.cpp's Q8 blocks are; its products are the exact integer products, scaled,
 across the row tiles; every row's outputs are bitwise its outputs alone, in any batch and on
 any number of threads, on AMX tiles as on vpdpbusd; a model on it decodes the same tokens with
-speculation as without; ``linears: auto`` picks it for a model with blocks (and ``dtype: auto``
-float32 for it); and bad input is refused."""
+speculation as without; the plan's ``linears: auto`` picks it for a model with blocks (and
+``dtype: auto`` float32 for it); and bad input is refused."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from specdec.engine.engine import Engine
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.models.ngram import NgramDrafter
 from specdec.models.target import TargetModel
-from specdec.runtime import Forward, KVPool, Row, Weights, int8
-from specdec.runtime.weights import int8_rows, linear_flags
+from specdec.runtime import Forward, PlanError, Row
+from specdec.runtime.x86 import int8
 from tests.conftest import PROMPTS
+from tests.runtime.conftest import forward_of, plan_of
 from tests.runtime.test_qpanels import FORMATS, case, decoded, quantize_weights, quantized_llama
 
 pytestmark = pytest.mark.skipif(int8.unavailable() is not None,
@@ -135,10 +136,8 @@ def test_bad_input_is_refused_with_the_reason():
         int8._build().linear(x, w.codes, w.scales.float(), 32, None, 0)
 
 
-def forward_of(weights: Weights, slots: int = 4) -> Forward:
-    s = weights.shape
-    return Forward(weights, KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim,
-                                   torch.float32))
+def forward_on(model, linears: str, blocks=None, slots: int = 4) -> Forward:
+    return forward_of(model, blocks=blocks, linears=linears, kv_cache_dtype="model", slots=slots)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -146,14 +145,13 @@ def test_a_model_on_int8_gives_each_request_its_logits_alone_in_a_ragged_batch(f
     """A tiny GGUF-quantized Llama: requests of 1 to 12 new tokens after their prompts, in one
     pass, bitwise as each runs alone; and near the float32 panels' logits."""
     model, blocks = quantized_llama(fmt)
-    w = Weights.from_hf(model, blocks=blocks, **linear_flags("int8", blocks=True))
-    projs = w.projections()
-    assert all(p.int8 is not None and p.panels is None for p in projs)
+    projs = forward_on(model, "int8", blocks).w.projections()
+    assert all(p.kind == "int8" and getattr(p, "panels", None) is None for p in projs)
     prompts = [list(range(3, 3 + n)) for n in (37, 5, 20, 9)]
     news = [[7], [8, 9, 10], list(range(11, 23)), [4, 5]]
 
     def run(together: bool):
-        fwd = forward_of(w)
+        fwd = forward_on(model, "int8", blocks)
         slots = [fwd.pool.acquire() for _ in prompts]
         for slot, p in zip(slots, prompts, strict=True):
             fwd([Row(slot, p, logits_at=[len(p) - 1], chunk=True)])
@@ -163,7 +161,7 @@ def test_a_model_on_int8_gives_each_request_its_logits_alone_in_a_ragged_batch(f
 
     together, alone = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(together, alone, strict=True))
-    fwd = forward_of(Weights.from_hf(model, panels=True))
+    fwd = forward_on(model, "panels")
     slot = fwd.pool.acquire()
     fwd([Row(slot, prompts[0], logits_at=[36], chunk=True)])
     exact = fwd([Row(slot, news[0], logits_at=[0])])[0].logits
@@ -184,7 +182,7 @@ def test_speculation_on_int8_commits_plain_decodings_tokens(tiny_llama):
     """Strict greedy and ASD with B = 0, drafting with n-grams, against plain decoding on the same
     int8 target: token for token."""
     target = quantized_target(tiny_llama)
-    assert target.runtime.w.lm_head.int8 is not None
+    assert target.runtime.w.lm_head.kind == "int8"
     plain = Engine(target)
     spec = Engine(target, NgramDrafter(target.vocab_size))
     settings = [SpecSettings(gamma=4), SpecSettings(policy="heuristic", max_draft=8),
@@ -200,12 +198,17 @@ def test_speculation_on_int8_commits_plain_decodings_tokens(tiny_llama):
 
 
 def test_auto_picks_int8_for_a_model_with_blocks_and_int8_needs_them():
-    assert linear_flags("auto", blocks=True) == {"panels": None, "quantized": False, "int8": True}
-    assert int8_rows(True, "auto") and int8_rows(True, "int8")
-    assert not int8_rows(False, "auto") and not int8_rows(True, "quantized")
-    assert linear_flags("int8", blocks=True)["int8"]
-    with pytest.raises(ValueError, match="linears: int8 needs the model's GGUF blocks"):
-        linear_flags("int8")
+    model, blocks = quantized_llama("Q4_1")
+
+    def plan(with_blocks: bool, **knobs):
+        return plan_of(model, blocks if with_blocks else None, backend="x86", **knobs)
+
+    assert plan(True).linears == "int8" and plan(True, linears="int8").linears == "int8"
+    assert plan(False).linears != "int8" and plan(True, linears="quantized").linears == "quantized"
+    auto = plan(True, dtype="auto")  # float32, whose linears run int8 rows
+    assert auto.dtype == "float32" and auto.linears == "int8"
+    with pytest.raises(PlanError, match="linears: int8 needs the model's GGUF blocks"):
+        plan(False, linears="int8")
 
 
 def test_the_default_target_on_auto_runs_int8_and_a_verify_is_its_decodes():
@@ -219,7 +222,7 @@ def test_the_default_target_on_auto_runs_int8_and_a_verify_is_its_decodes():
         target = load_target("smollm2-135m", dtype="float32", kv_slots=2, linears=linears)
         w, fwd = target.runtime.w, target.runtime
         projs = w.projections()
-        assert all((p.int8 is not None) == (linears == "auto") for p in projs)
+        assert all((p.kind == "int8") == (linears == "auto") for p in projs)
         slots = [fwd.pool.acquire() for _ in range(2)]
         for slot in slots:
             fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
@@ -235,11 +238,13 @@ def test_the_default_target_on_auto_runs_int8_and_a_verify_is_its_decodes():
 
 def test_the_default_target_on_dtype_auto_is_float32_on_int8_rows():
     """``dtype: auto`` (the served default) loads SmolLM2-135M in float32 wherever its linears
-    run int8 rows, on an AMX CPU too, and in ``auto_dtype``'s pick when they are off."""
+    run int8 rows, on an AMX CPU too, and when they are off, the plan's pick: bfloat16 on a CPU
+    with AMX, else float32."""
     from specdec.engine.loading import load_target
-    from specdec.models.sources import auto_dtype
+    from specdec.runtime.plan import cpu_flags
 
     target = load_target("smollm2-135m", dtype="auto", kv_slots=1)
-    assert target.dtype is torch.float32 and target.runtime.w.lm_head.int8 is not None
-    plain = load_target("smollm2-135m", dtype="auto", kv_slots=1, linears="torch")
-    assert plain.dtype is auto_dtype(torch.device("cpu"))
+    assert target.dtype is torch.float32 and target.runtime.w.lm_head.kind == "int8"
+    plain = load_target("smollm2-135m", dtype="auto", kv_slots=1, linears="onednn")
+    assert plain.dtype is (torch.bfloat16 if "amx_bf16" in cpu_flags() else torch.float32)
+    assert plain.runtime.w.lm_head.kind == "onednn"

@@ -1,6 +1,7 @@
 """float16 KV caches of float32 passes (``kv_cache_dtype``): the attention kernel reads them as
 exactly the float32 values they hold, RoPE's write rounds as torch's conversion does, a long
-prompt chunk through SDPA reads them too, and which dtype each setting gives (or why it cannot).
+prompt chunk through SDPA reads them too, and which dtype each plan's setting gives (or why it
+cannot).
 That a verify on them is bitwise its decodes (so speculative decoding commits plain decoding's
 tokens) is ``test_attend``'s."""
 
@@ -10,16 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from specdec.runtime import (
-    KV_CACHE_DTYPES,
-    Forward,
-    KVPool,
-    Row,
-    Weights,
-    attend,
-    cache_dtype,
-    fused,
-)
+from specdec.runtime import Forward, KVPool, PlanError, Row, RuntimeConfig, Weights
+from specdec.runtime.plan import KV_CACHE_DTYPES
+from specdec.runtime.x86 import attend, fused
+from tests.runtime.conftest import forward_of, plan_of
 
 pytestmark = pytest.mark.skipif(attend.unavailable() is not None or fused.unavailable() is not None,
                                 reason=f"kernels: {attend.unavailable() or fused.unavailable()}")
@@ -35,15 +30,16 @@ def randn(*shape, seed=0):
 
 
 @pytest.fixture(scope="module")
-def weights() -> Weights:
+def model():
     torch.manual_seed(0)
-    return Weights.from_hf(AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG),
-                                                            dtype=torch.float32).eval())
+    return AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG), dtype=torch.float32).eval()
 
 
-def forward(w: Weights, dtype: torch.dtype, slots: int = 3) -> Forward:
-    s = w.shape
-    return Forward(w, KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim, dtype))
+def forward(model, dtype: torch.dtype, slots: int = 3) -> Forward:
+    fwd = forward_of(model, slots=slots,
+                     kv_cache_dtype="float16" if dtype == torch.float16 else "model")
+    assert fwd.pool.dtype == dtype
+    return fwd
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -76,12 +72,12 @@ def test_rope_writes_float16_caches_as_torch_rounds_the_float32_ones():
 
 
 @pytest.mark.parametrize("fused_rope", [True, False])
-def test_float16_caches_give_the_float32_caches_logits_within_their_rounding(weights, fused_rope):
+def test_float16_caches_give_the_float32_caches_logits_within_their_rounding(model, fused_rope):
     """A prompt of 40 (past the short rows: SDPA reads the caches widened), then decodes; the
     keys and values written by the fused RoPE or by the pool's own write."""
     logits = {}
     for dtype in (torch.float32, torch.float16):
-        fwd = forward(weights, dtype, slots=1)
+        fwd = forward(model, dtype, slots=1)
         fwd.fused_rope = fused_rope
         slot = fwd.pool.acquire()
         out = [fwd([Row(slot, list(range(3, 43)), logits_at=range(40), chunk=True)])[0].logits]
@@ -92,17 +88,30 @@ def test_float16_caches_give_the_float32_caches_logits_within_their_rounding(wei
     assert 0 < gap < 1e-2, gap  # rounded (not the same caches), a few of float16's steps at most
 
 
-def test_each_setting_gives_its_dtype_or_says_why_not(weights):
+def test_each_setting_gives_its_dtype_or_says_why_not(model):
+    def kv(**knobs):
+        plan = plan_of(model, **knobs)
+        assert plan.kv_torch_dtype == {"float16": torch.float16,
+                                       "float32": torch.float32}[plan.kv_cache_dtype]
+        return plan.kv_torch_dtype
+
     assert KV_CACHE_DTYPES == ("auto", "model", "float16")
-    assert cache_dtype(weights) == torch.float16  # float32 passes on the kernel
-    assert cache_dtype(weights, "float16") == torch.float16
-    assert cache_dtype(weights, "model") == torch.float32
-    assert cache_dtype(weights, "auto", attention="sdpa") == torch.float32
-    with pytest.raises(ValueError, match="needs float32 passes that attend on specdec's kernel"):
-        cache_dtype(weights, "float16", attention="sdpa")
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
-        cache_dtype(weights, "int8")
-    with pytest.raises(ValueError, match="float16 KV pool needs"):  # SDPA by padded groups
-        Forward(weights, KVPool(3, 1, 2, 128, 32, torch.float16), attention="sdpa")
+    assert kv() == torch.float16  # float32 passes on the kernel
+    assert kv(kv_cache_dtype="float16") == torch.float16
+    assert kv(kv_cache_dtype="model") == torch.float32
+    assert kv(kv_cache_dtype="auto", attention="sdpa") == torch.float32
+    with pytest.raises(PlanError, match="kv_cache_dtype: float16 needs float32 passes on the "
+                                        "attention kernel"):
+        kv(kv_cache_dtype="float16", attention="sdpa")
+    with pytest.raises(PlanError, match="kv_cache_dtype must be one of"):
+        RuntimeConfig(kv_cache_dtype="int8")
+    from specdec.runtime.x86.backend import X86Backend
+
+    backend = X86Backend(plan_of(model, attention="sdpa"))  # SDPA by padded groups
+    weights = Weights.from_hf(model, backend)
+    with pytest.raises(ValueError, match="float16 KV pool needs"):
+        Forward(weights, KVPool(3, 1, 2, 128, 32, torch.float16), backend)
+    kernel = X86Backend(plan_of(model))  # the attention kernel, which reads float16 only
+    weights = Weights.from_hf(model, kernel)
     with pytest.raises(ValueError, match="KV pool needs"):  # another dtype than float16
-        Forward(weights, KVPool(3, 1, 2, 128, 32, torch.bfloat16))
+        Forward(weights, KVPool(3, 1, 2, 128, 32, torch.bfloat16), kernel)

@@ -1,13 +1,14 @@
-"""The float32 panel linear (specdec/runtime/panels.cpp) against float64 matmuls: shapes across
+"""The float32 panel linear (specdec/runtime/x86/panels.cpp) against float64 matmuls: shapes across
 its row tiles (12 rows) and its panel pairs (32 outputs), outputs that pad the last panels, a
-bias, leading dimensions; every row bitwise its result alone; and bad input refused."""
+bias, leading dimensions; every row bitwise its result alone; bad input refused; and which
+linears a config's ``linears`` gives."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specdec.runtime import panels
+from specdec.runtime.x86 import panels
 
 pytestmark = pytest.mark.skipif(panels.unavailable() is not None,
                                 reason=f"panel kernel: {panels.unavailable()}")
@@ -68,15 +69,26 @@ def test_bad_input_is_refused_with_the_reason():
 
 def test_a_config_picks_the_linears_and_a_bad_choice_names_the_field():
     from pydantic import ValidationError
+    from transformers import LlamaConfig
 
     from cluster.schema import ServeArgs
-    from specdec.runtime.weights import linear_flags
+    from specdec.runtime import PlanError, RuntimeConfig, resolve_plan
 
-    assert linear_flags("panels") == {"panels": True, "quantized": False, "int8": False}
-    assert linear_flags("torch", blocks=True) == {"panels": False, "quantized": False,
-                                                  "int8": False}
-    with pytest.raises(ValueError, match="linears must be one of"):
-        linear_flags("mkl")
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128)
+
+    def linears(name: str, blocks: bool = False) -> str:
+        plan = resolve_plan(RuntimeConfig(device="cpu", dtype="float32", backend="x86",
+                                          linears=name, max_model_len=128), config, blocks)
+        return plan.linears
+
+    assert linears("panels") == "panels"
+    assert linears("auto") == "panels"  # float32 without GGUF blocks, where panels build
+    assert linears("torch", blocks=True) == "torch"
+    assert linears("onednn", blocks=True) == "onednn"
+    with pytest.raises(PlanError, match="linears must be one of"):
+        RuntimeConfig(linears="mkl")
     assert ServeArgs(target="t", linears="torch").linears == "torch"
     with pytest.raises(ValidationError, match="linears"):
         ServeArgs(target="t", linears="mkl")

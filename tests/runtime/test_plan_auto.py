@@ -44,3 +44,13 @@ def test_float32_for_a_model_on_int8_rows(cpu, amx):
     assert auto(blocks=True) == "float32"
     cpu(amx, vnni=False)
     assert auto(blocks=True) == ("bfloat16" if amx else "float32")
+
+
+@pytest.mark.parametrize("knob", [{"linears": "panels"}, {"attention": "kernel"},
+                                  {"kv_cache_dtype": "float16"}, {"linears": "torch"}])
+def test_a_float32_knob_makes_auto_float32_on_amx(cpu, knob):
+    """Asking for what only float32 passes run decides dtype auto, AMX or not (the plan says
+    why); auto knobs leave it to the CPU."""
+    cpu(amx=True, vnni=False)
+    plan = resolve_plan(RuntimeConfig("cpu", "auto", max_model_len=64, **knob), tiny_config())
+    assert plan.dtype == "float32" and any("float32, which" in r for r in plan.reasons)

@@ -1,4 +1,4 @@
-"""The panel linear run from GGUF codes (specdec/runtime/qpanels.py, panels.cpp's qlinear): its
+"""The panel linear run from GGUF codes (specdec/runtime/x86/qpanels.py, panels.cpp's qlinear): its
 decoding is gguf-py's dequantization bitwise; its products are bitwise the float32 panel
 linear's on the decoded weight, across its row tiles and its scratch path; a model loaded with
 codes computes bitwise what it computes on float32 panels, whichever a pass runs on; codes that
@@ -15,8 +15,9 @@ from gguf import GGMLQuantizationType, quants
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specdec.models.gguf_blocks import Blocks, unpermute
-from specdec.runtime import Forward, KVPool, Row, Weights, panels, qpanels
-from specdec.runtime.weights import linear_flags
+from specdec.runtime import PlanError, Row
+from specdec.runtime.x86 import panels, qpanels
+from tests.runtime.conftest import forward_of, plan_of
 
 pytestmark = pytest.mark.skipif(panels.unavailable() is not None,
                                 reason=f"panel kernel: {panels.unavailable()}")
@@ -120,14 +121,13 @@ def test_a_model_on_codes_computes_bitwise_what_it_does_on_float32_panels(fmt):
     """Passes of 1 to 12 rows (on the codes up to qpanels.ROWS, past it on the panels) and a
     prefill: every logit equal to the same forward on float32 panels alone."""
     model, blocks = quantized_llama(fmt)
-    on_codes = Weights.from_hf(model, panels=True, quantized=True, blocks=blocks)
-    assert on_codes.lm_head.codes is not None
-    assert all(p.codes is not None for layer in on_codes.layers
-               for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
     outs = []
-    for w in (on_codes, Weights.from_hf(model, panels=True)):
-        s = w.shape
-        fwd = Forward(w, KVPool(s.layers, 4, s.kv_heads, s.max_len, s.head_dim, torch.float32))
+    for linears in ("quantized", "panels"):
+        fwd = forward_of(model, blocks=blocks, linears=linears, kv_cache_dtype="model", slots=4)
+        projs = fwd.w.projections()
+        assert all(p.kind == linears for p in projs)  # the lm_head and every layer's
+        assert all((getattr(p, "codes", None) is not None) == (linears == "quantized")
+                   for p in projs)
         slots = [fwd.pool.acquire() for _ in range(4)]
         got = [fwd([Row(slots[0], list(range(3, 40)), logits_at=range(37), chunk=True)])]
         for i, n in enumerate((1, 3, 12)):
@@ -143,22 +143,29 @@ def test_codes_that_do_not_decode_to_the_weight_are_not_run(caplog):
     with torch.no_grad():
         model.get_parameter(name)[0, 0] += 1.0
     with caplog.at_level(logging.WARNING):
-        w = Weights.from_hf(model, panels=True, quantized=True, blocks=blocks)
-    assert w.layers[1].down.codes is None and w.layers[1].down.panels is not None
-    assert w.layers[0].down.codes is not None
+        w = forward_of(model, blocks=blocks, linears="quantized", slots=1).w
+    down = w.layers[1].down
+    assert down.kind == "panels" and getattr(down, "codes", None) is None
+    assert down.panels is not None
+    assert w.layers[0].down.kind == "quantized" and w.layers[0].down.codes is not None
     assert any(name in r.getMessage() and "do not decode" in r.getMessage() for r in caplog.records)
 
 
 def test_a_config_asks_for_the_codes_and_is_told_when_there_are_none():
-    from specdec.runtime import int8
-    auto = linear_flags("auto", blocks=True)  # the int8 codes where they run, else these
-    assert auto == {"panels": None, "quantized": int8.unavailable() is not None,
-                    "int8": int8.unavailable() is None}
-    assert linear_flags("auto") == {"panels": None, "quantized": False, "int8": False}
-    assert linear_flags("quantized", blocks=True) == {"panels": True, "quantized": True,
-                                                      "int8": False}
-    with pytest.raises(ValueError, match="linears: quantized needs the model's GGUF blocks"):
-        linear_flags("quantized")
+    from specdec.runtime.x86 import int8
+
+    model, blocks = quantized_llama("Q4_1")
+
+    def linears(name: str, with_blocks: bool) -> str:
+        return plan_of(model, blocks if with_blocks else None, backend="x86",
+                       linears=name).linears
+
+    # auto: the int8 codes where they run, else these
+    assert linears("auto", True) == ("int8" if int8.unavailable() is None else "quantized")
+    assert linears("auto", False) == "panels"
+    assert linears("quantized", True) == "quantized"
+    with pytest.raises(PlanError, match="linears: quantized needs the model's GGUF blocks"):
+        linears("quantized", False)
 
 
 def test_the_default_target_runs_on_its_gguf_codes_and_computes_what_float32_does(tmp_path):
@@ -177,7 +184,9 @@ def test_the_default_target_runs_on_its_gguf_codes_and_computes_what_float32_doe
         target = load_target("smollm2-135m", dtype="float32", kv_slots=1, linears=linears)
         w, fwd = target.runtime.w, target.runtime
         projs = w.projections()
-        assert all((p.codes is not None) == (linears == "quantized") for p in projs)
+        assert all(p.kind == linears for p in projs)
+        assert all((getattr(p, "codes", None) is not None) == (linears == "quantized")
+                   for p in projs)
         slot = fwd.pool.acquire()
         fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
         outs.append([fwd([Row(slot, [5], logits_at=[0])])[0].logits,

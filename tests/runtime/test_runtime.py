@@ -4,69 +4,53 @@ Each tiny model is built from a config (Llama with llama3 RoPE scaling and a tie
 Llama without GQA, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm and linear RoPE scaling) and
 compared with a cacheless HF forward over the whole sequence: prefill, decode, k-token append,
 crop-then-append, a ragged batch, a tree-masked append; plus the pool's limits and the
-unsupported fallback, and batch invariance in bfloat16 (both attentions, and how one is chosen).
+unsupported fallback, and batch invariance in bfloat16 (both attentions, and how the plan
+chooses one).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from specdec.runtime import Forward, KVPool, PoolFull, Row, Weights, model, unsupported
-from specdec.runtime.model import ATTENTIONS, Attention, attention_invariant
+from specdec.runtime import (
+    Forward,
+    KVPool,
+    PlanError,
+    PoolFull,
+    Row,
+    Weights,
+    load_forward,
+    unsupported,
+)
 from specdec.runtime.weights import inv_freq
-
-TOL = dict(rtol=0, atol=1e-9)
-TAPS = (0, 2)
-COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-              initializer_range=0.2)
-CONFIGS = {
-    "llama": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True, rope_scaling={
-        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}),
-    "mha": lambda: LlamaConfig(**(COMMON | {"num_key_value_heads": 4})),  # one query per kv head
-    "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=False),
-    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False,
-                                 rope_scaling={"rope_type": "linear", "factor": 2.0}),
-}
-
-
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def hf(request):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(CONFIGS[request.param](), dtype=torch.float64).eval()
-    if request.param == "qwen2":  # random biases, so a dropped bias cannot pass
-        with torch.no_grad():
-            for block in model.model.layers:
-                for proj in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
-    return model
+from specdec.runtime.x86 import invariance
+from specdec.runtime.x86.attention import FittedSdpa
+from specdec.runtime.x86.invariance import INVARIANTS, Invariant, attention_invariant
+from tests.runtime.conftest import (
+    COMMON,
+    CONFIGS,
+    TAPS,
+    TOL,
+    X86,
+    forward_of,
+    plan_of,
+    reference,
+    seq,
+)
 
 
 def make(model, slots: int = 4):
-    w = Weights.from_hf(model)
-    s = w.shape
-    pool = KVPool(s.layers, slots, s.kv_heads, s.max_len, s.head_dim, torch.float64)
-    return Forward(w, pool, TAPS), pool
-
-
-def reference(model, ids: list[int]):
-    """Cacheless HF forward: logits [n, V] and taps [n, 2H] for every position."""
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    taps = torch.cat([out.hidden_states[layer + 1][0] for layer in TAPS], dim=-1)
-    return out.logits[0], taps
+    fwd = forward_of(model, TAPS, slots=slots)
+    return fwd, fwd.pool
 
 
 def append(fwd, slot, ids):
     every = range(len(ids))
     return fwd([Row(slot, ids, logits_at=every, taps_at=every)])[0]
-
-
-def seq(n, seed):
-    return torch.randint(0, 96, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def test_rope_frequencies_equal_transformers(hf):
@@ -122,7 +106,7 @@ def test_mixed_batch_equals_each_request_alone(hf):
     """Decodes, 3-token verifies and a tree on scattered slots (a padded group per run of
     consecutive slots) with a long prompt (alone) in one pass: each row as alone; then decodes
     on consecutive slots (one group). Every group reads its caches as a view."""
-    from specdec.runtime.model import SHORT, plan_groups
+    from specdec.runtime.batch import SHORT, plan_groups
 
     fwd, pool = make(hf, slots=6)
     slots = [pool.acquire() for _ in range(6)]
@@ -136,7 +120,8 @@ def test_mixed_batch_equals_each_request_alone(hf):
             5: seq(3, 35)}
     rows = [Row(s, news[s], logits_at=range(len(news[s])), taps_at=range(len(news[s])),
                 ancestors=tree if s == 5 else None) for s in (4, 0, 3, 2, 5, 1)]
-    groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu")
+    groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu",
+                               cost=fwd.attention.cost)
     assert [([rows[b].slot for b in g.rows], g.T, g.span) for g in groups] == [
         ([0, 1, 2], 3, (0, 3)), ([4, 5], 3, (4, 6)), ([3], SHORT + 8, (3, 4))]
     for row, out in zip(rows, fwd(rows), strict=True):
@@ -149,7 +134,8 @@ def test_mixed_batch_equals_each_request_alone(hf):
         assert pool.lengths[s] == len(prompts[s]) + n
     pool.crop(5, len(prompts[5]) + 1)  # keep the tree's root only
     rows = [Row(s, [7], logits_at=[0]) for s in (1, 0)]
-    groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu")
+    groups, _, _ = plan_groups(rows, [pool.lengths[r.slot] for r in rows], "cpu",
+                               cost=fwd.attention.cost)
     assert [g.span for g in groups] == [(0, 2)]
     for row, out in zip(rows, fwd(rows), strict=True):
         logits, _ = reference(hf, prompts[row.slot] + news[row.slot] + [7])
@@ -160,19 +146,22 @@ def test_short_rows_split_where_padding_costs_more_than_another_group():
     """``split_short``: runs of consecutive slots only; one long draft among decodes attends
     apart (padding seven decodes to its 16 queries costs more than a second SDPA call), rows
     alike stay together; the linears still cut the short rows as one run (``Forward.parts``)."""
-    from specdec.runtime.model import Group, attention_cost, split_short
+    from specdec.runtime.batch import Group, split_short
+
+    attention_cost = FittedSdpa().cost
 
     def rows(ns, slots=None):
         return [Row(s, list(range(n)), [0]) for s, n in zip(slots or range(len(ns)), ns, strict=True)]
 
     alike = rows([2, 3, 2, 1, 3, 2, 2, 3])
-    assert split_short(alike, [200] * 8, 64, 2048) == [list(range(8))]
+    assert split_short(alike, [200] * 8, 64, 2048, attention_cost) == [list(range(8))]
     one_long = rows([2, 1, 16, 2, 1, 2, 1, 2])
-    runs = split_short(one_long, [200] * 8, 64, 2048)
+    runs = split_short(one_long, [200] * 8, 64, 2048, attention_cost)
     assert [2] in runs and sum(runs, []) == list(range(8))
     assert (sum(attention_cost(len(r), max(len(one_long[i].ids) for i in r), 256) for r in runs)
             < attention_cost(8, 16, 256))
-    assert split_short(rows([1, 1, 1], [0, 1, 5]), [10, 10, 10], None, None) == [[0, 1], [2]]
+    assert split_short(rows([1, 1, 1], [0, 1, 5]), [10, 10, 10], None, None,
+                       attention_cost) == [[0, 1], [2]]
     fwd = Forward.__new__(Forward)
     fwd.rows = 32
 
@@ -246,15 +235,21 @@ def test_unsupported_configs_say_why():
     assert "yarn" in unsupported(yarn)
 
 
-def test_float32_single_row_copies_equal_the_reference(hf):
-    """The float32 layout without the panel kernel: x @ wt on [in, out] copies for one-row
-    passes, against HF."""
+def float32(hf):
+    """The reference model in float32."""
     model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
     model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
-    w = Weights.from_hf(model, panels=False)
+    return model
+
+
+def test_float32_single_row_copies_equal_the_reference(hf):
+    """The float32 layout without the panel kernel (``linears: onednn``): x @ wt on [in, out]
+    copies for one-row passes, against HF."""
+    model = float32(hf)
+    fwd = forward_of(model, TAPS, linears="onednn", kv_cache_dtype="model", slots=1)
+    w = fwd.w
+    assert all(p.kind == "onednn" for p in w.projections())
     assert w.lm_head.wt is not None and w.layers[0].qkv.wt.shape == w.layers[0].qkv.w.T.shape
-    s = w.shape
-    fwd = Forward(w, KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
     ids = seq(12, 13)
     slot = fwd.pool.acquire()
     prefill = fwd([Row(slot, ids[:11], logits_at=[10])])[0]  # one lm_head row: the copy
@@ -268,7 +263,7 @@ def test_float32_single_row_copies_equal_the_reference(hf):
 def packable(hf, dtype: torch.dtype, why: str):
     """The reference model in ``dtype``; the test is skipped (``why``) where oneDNN cannot pack
     its weights."""
-    from specdec.runtime.weights import can_pack
+    from specdec.runtime.x86.linears import can_pack
 
     model = AutoModelForCausalLM.from_config(hf.config, dtype=dtype).eval()
     model.load_state_dict({k: v.to(dtype) for k, v in hf.state_dict().items()})
@@ -278,15 +273,18 @@ def packable(hf, dtype: torch.dtype, why: str):
 
 
 def test_float32_packed_multi_row_passes_equal_the_reference(hf):
-    """The float32 multi-row fast path (oneDNN linear on weights packed at load) against HF and
-    against the plain [out, in] layout: a prefill, a ragged two-request verify, a 7-row append."""
+    """The float32 multi-row fast path (``linears: onednn``: oneDNN linear on weights packed at
+    load) against HF and against the plain [out, in] layout (``linears: torch``): a prefill, a
+    ragged two-request verify, a 7-row append."""
     model = packable(hf, torch.float32, "this PyTorch build has no oneDNN")
-    s = Weights.from_hf(model).shape
     passes = {}
     for packed in (True, False):
-        w = Weights.from_hf(model, pack=packed, panels=False)
-        assert (w.layers[0].gate_up.packed is not None) == packed and (w.lm_head.packed is not None) == packed
-        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
+        fwd = forward_of(model, TAPS, linears="onednn" if packed else "torch",
+                         kv_cache_dtype="model", slots=2)
+        w = fwd.w
+        assert all(p.kind == ("onednn" if packed else "torch") for p in w.projections())
+        assert ((getattr(w.layers[0].gate_up, "packed", None) is not None) == packed
+                and (getattr(w.lm_head, "packed", None) is not None) == packed)
         a, b = fwd.pool.acquire(), fwd.pool.acquire()
         every = range(7)
         first = fwd([Row(a, seq(9, 1), logits_at=range(9), taps_at=range(9)),
@@ -303,23 +301,26 @@ def test_float32_packed_multi_row_passes_equal_the_reference(hf):
 
 
 def test_float32_passes_on_the_panel_kernel_equal_the_reference(hf):
-    """Where the panel kernel runs (``specdec.runtime.panels``), float32 keeps only its panels
-    and runs every pass on them: a prefill, a ragged two-request verify with taps and a decode
-    against HF and against the plain ``[out, in]`` layout (the kernel itself:
-    tests/runtime/test_panels.py)."""
-    from specdec.runtime import panels
+    """Where the panel kernel runs (``specdec.runtime.x86.panels``), ``linears: panels`` keeps
+    only its panels and runs every pass on them: a prefill, a ragged two-request verify with
+    taps and a decode against HF and against the plain ``[out, in]`` layout (``linears:
+    torch``; the kernel itself: tests/runtime/test_panels.py)."""
+    from specdec.runtime.x86 import panels
+    from specdec.runtime.x86.linears import PanelLinear
 
     if panels.unavailable():
         pytest.skip(panels.unavailable())
-    model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32).eval()
-    model.load_state_dict({k: v.float() for k, v in hf.state_dict().items()})
-    s = Weights.from_hf(model).shape
+    model = float32(hf)
     passes = {}
     for on in (True, False):
-        w = Weights.from_hf(model, panels=on)
-        assert (w.layers[0].qkv.panels is not None) == on and (w.lm_head.panels is not None) == on
-        assert not on or (w.layers[0].down.wt is None and w.layers[0].down.packed is None)
-        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.float32), TAPS)
+        fwd = forward_of(model, TAPS, linears="panels" if on else "torch",
+                         kv_cache_dtype="model", slots=2)
+        w = fwd.w
+        assert (getattr(w.layers[0].qkv, "panels", None) is not None) == on
+        assert (getattr(w.lm_head, "panels", None) is not None) == on
+        down = w.layers[0].down
+        assert not on or (type(down) is PanelLinear and not hasattr(down, "wt")
+                          and not hasattr(down, "packed"))
         a, b = fwd.pool.acquire(), fwd.pool.acquire()
         every = range(7)
         out = fwd([Row(a, seq(9, 1), logits_at=range(9), taps_at=range(9)),
@@ -335,18 +336,21 @@ def test_float32_passes_on_the_panel_kernel_equal_the_reference(hf):
         torch.testing.assert_close(fast.taps, plain.taps, rtol=1e-5, atol=1e-5)
 
 
+@X86
 def test_bfloat16_runs_on_packed_weights_as_on_the_plain_ones(hf):
-    """bfloat16 keeps only the oneDNN-packed copy (where oneDNN runs bfloat16 here) and runs
-    every pass on it, one row or many: a prefill, a ragged verify and a decode give what the
-    plain ``[out, in]`` layout gives (bitwise on the AMX Xeon; close wherever the kernels
-    round otherwise). Its batch invariance is the test below's, on the default layout."""
+    """bfloat16 on the x86 backend keeps only the oneDNN-packed copy (where oneDNN runs
+    bfloat16 here) and runs every pass on it, one row or many: a prefill, a ragged verify and a
+    decode give what the plain ``[out, in]`` layout gives (the torch backend's; bitwise on the
+    AMX Xeon; close wherever the kernels round otherwise). Its batch invariance is the test
+    below's."""
     model = packable(hf, torch.bfloat16, "oneDNN does not run bfloat16 here")
-    s = Weights.from_hf(model).shape
     passes = {}
     for packed in (True, False):
-        w = Weights.from_hf(model, pack=packed)
-        assert (w.layers[0].qkv.packed is not None) == packed and w.lm_head.wt is None
-        fwd = Forward(w, KVPool(s.layers, 2, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16))
+        fwd = forward_of(model, backend="x86" if packed else "torch", slots=2)
+        w = fwd.w
+        assert all(p.kind == ("onednn" if packed else "torch") for p in w.projections())
+        assert (getattr(w.layers[0].qkv, "packed", None) is not None) == packed
+        assert getattr(w.lm_head, "wt", None) is None
         a, b = fwd.pool.acquire(), fwd.pool.acquire()
         out = fwd([Row(a, seq(40, 1), logits_at=[39], chunk=True)])
         out += fwd([Row(b, seq(5, 2), logits_at=range(5))])
@@ -356,16 +360,29 @@ def test_bfloat16_runs_on_packed_weights_as_on_the_plain_ones(hf):
         torch.testing.assert_close(fast.logits, plain.logits, rtol=0.05, atol=0.05)
 
 
-@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
+def invariant_by_hand(model, attention: str, slots: int = 4) -> Forward:
+    """The x86 backend's batch-invariant layout forced on for ``model``'s passes (a plan gives
+    it to bfloat16 only): linears in pieces (its probe), ``attention`` over whole key blocks."""
+    from specdec.runtime.x86.backend import X86Backend
+
+    plan = dataclasses.replace(plan_of(model), attention=attention, batch_invariant=True)
+    backend = X86Backend(plan)
+    backend.invariant_by_pieces = True
+    weights = Weights.from_hf(model, backend, None, plan.max_model_len)
+    backend.prepare(weights)
+    s = weights.shape
+    pool = KVPool(s.layers, slots, s.kv_heads, plan.max_model_len, s.head_dim, plan.torch_dtype)
+    return Forward(weights, pool, backend, TAPS)
+
+
+@X86
+@pytest.mark.parametrize("attention", sorted(INVARIANTS))
 def test_the_batch_invariant_layout_equals_transformers(hf, attention):
     """Either batch-invariant attention over whole key blocks (float64, forced on): a decode, a
     3-token verify, a tree and a long prompt chunk in one pass, each against its own HF
     reference."""
-    s = Weights.from_hf(hf).shape
-    fwd = Forward(Weights.from_hf(hf), KVPool(s.layers, 4, s.kv_heads, s.max_len, s.head_dim,
-                                              torch.float64), TAPS, invariant=True,
-                  attention=attention)
-    assert fwd.rows >= 1 and fwd.key_block and fwd.attention_kind == attention
+    fwd = invariant_by_hand(hf, attention)
+    assert fwd.rows >= 1 and fwd.key_block and fwd.attention.kind == attention
     prompts = [seq(5, 40), seq(17, 41), seq(9, 42), []]
     slots = [fwd.pool.acquire() for _ in prompts]
     for slot, p in zip(slots[:3], prompts, strict=False):
@@ -389,25 +406,27 @@ def test_the_batch_invariant_layout_equals_transformers(hf, attention):
 def bfloat16(hf):
     model = AutoModelForCausalLM.from_config(hf.config, dtype=torch.bfloat16).eval()
     model.load_state_dict({k: v.bfloat16() for k, v in hf.state_dict().items()})
-    return Weights.from_hf(model)
+    return model
 
 
-@pytest.mark.parametrize("attention", ["auto", *sorted(ATTENTIONS)])
+@X86
+@pytest.mark.parametrize("attention", ["auto", *sorted(INVARIANTS)])
 def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf, attention):
-    """Batch invariance, on by default in bfloat16: each token's logits are exactly those of
+    """Batch invariance, the x86 backend's in bfloat16: each token's logits are exactly those of
     decoding it alone, whether it comes in a k-token verify (also one longer than SHORT), next
     to other requests and a prompt chunk, or after a prompt prefilled in two chunks (speculative
     decoding in bfloat16 then commits exactly plain decoding's tokens). Per-query attention is
-    invariant by construction; grouped where its probe passes here (auto: what the forward
+    invariant by construction; grouped where its probe passes here (auto: what the plan
     picks)."""
-    w = bfloat16(hf)
-    s = w.shape
-    if attention == "grouped" and not attention_invariant("grouped", s.heads, s.kv_heads,
-                                                          s.head_dim, torch.bfloat16):
+    model = bfloat16(hf)
+    c = model.config
+    if attention == "grouped" and not attention_invariant(
+            "grouped", c.num_attention_heads, c.num_key_value_heads,
+            getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+            torch.bfloat16):
         pytest.skip("grouped attention is not batch invariant on this machine's kernels")
-    fwd = Forward(w, KVPool(s.layers, 5, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16),
-                  attention=attention)
-    assert fwd.rows is not None  # the default in bfloat16
+    fwd = forward_of(model, backend="x86", attention=attention, slots=5)
+    assert fwd.rows is not None  # by pieces, in bfloat16
     prompt, draft = seq(11, 50), seq(40, 51)
     a = fwd.pool.acquire()
     fwd([Row(a, prompt, logits_at=[10])])
@@ -438,46 +457,52 @@ def test_bfloat16_tokens_are_bitwise_the_same_alone_and_in_any_batch(hf, attenti
     same(fwd([Row(b, draft[:6], logits_at=range(6))])[0], 6)
 
 
-def test_the_forward_attends_grouped_only_where_the_probe_passes(hf, monkeypatch):
-    w = bfloat16(hf)
-    s = w.shape
+@X86
+def test_the_plan_attends_grouped_only_where_the_probe_passes(hf, monkeypatch):
+    """bfloat16 on the x86 backend: ``attention: auto`` is grouped where its invariance probe
+    passes, else per query; asked for, grouped runs unprobed; passes that are not batch
+    invariant (the torch backend) cannot attend grouped, and an unknown kind is refused."""
+    model = bfloat16(hf)
+    s = Weights.from_hf(model).shape
 
-    def forward(**kwargs):
-        return Forward(w, KVPool(s.layers, 1, s.kv_heads, s.max_len, s.head_dim, torch.bfloat16),
-                       **kwargs)
+    def plan(**knobs):
+        return plan_of(model, **({"backend": "x86", "slots": 1} | knobs))
 
     passes = attention_invariant("grouped", s.heads, s.kv_heads, s.head_dim, torch.bfloat16)
-    assert forward().attention_kind == ("grouped" if passes else "per_query")
-    monkeypatch.setattr(model, "attention_invariant", lambda *args: False)
-    assert forward().attention_kind == "per_query"
-    assert forward(attention="grouped").attention_kind == "grouped"  # asked for: no probe
-    assert forward(invariant=False, attention="grouped").attention_kind is None
-    with pytest.raises(ValueError, match="attention must be one of"):
-        forward(attention="blocked")
+    auto = plan()
+    assert auto.attention == ("grouped" if passes else "per_query") and auto.batch_invariant
+    assert load_forward(model, auto).attention.kind == auto.attention
+    monkeypatch.setattr(invariance, "attention_invariant", lambda *args: False)
+    assert plan().attention == "per_query"
+    assert plan(attention="grouped").attention == "grouped"  # asked for: no probe
+    with pytest.raises(PlanError, match="attention: grouped needs the x86 backend"):
+        plan(backend="torch", attention="grouped")
+    with pytest.raises(PlanError, match="attention must be one of"):
+        plan(attention="blocked")
 
 
 def test_the_attention_probe_finds_a_kernel_that_is_not_batch_invariant(monkeypatch):
     """A stand-in for a kernel that rounds a query otherwise in a bigger batch: its outputs move
     by one bfloat16 step when the batch holds more than one token. The probe must say so."""
-    lay_out, attend = ATTENTIONS["per_query"]
+    lay_out, attend = INVARIANTS["per_query"]
 
     def varies(queries, keys, values, mask, scale):
         out = attend(queries, keys, values, mask, scale)
         return out if queries.shape[0] * queries.shape[1] == 1 else out * (1 + 2 ** -7)
 
-    monkeypatch.setitem(ATTENTIONS, "per_query", Attention(lay_out, varies))
+    monkeypatch.setitem(INVARIANTS, "per_query", Invariant(lay_out, varies))
     assert not attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
-    monkeypatch.setitem(ATTENTIONS, "per_query", Attention(lay_out, attend))
+    monkeypatch.setitem(INVARIANTS, "per_query", Invariant(lay_out, attend))
     assert attention_invariant("per_query", 4, 2, 16, torch.bfloat16)
 
 
-@pytest.mark.parametrize("kind", sorted(ATTENTIONS))
+@pytest.mark.parametrize("kind", sorted(INVARIANTS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 def test_the_additive_mask_attends_bitwise_as_the_boolean_one(kind, dtype):
-    """``Attention.mask`` lays a group's mask out once a step as 0 / -inf; SDPA must give every
+    """``Invariant.mask`` lays a group's mask out once a step as 0 / -inf; SDPA must give every
     query bitwise what it gives with the boolean mask it would otherwise convert in each layer:
     ragged rows, padded queries and keys, at SmolLM2's head shapes (9 heads over 3)."""
-    attention = ATTENTIONS[kind]
+    attention = INVARIANTS[kind]
     gen = torch.Generator().manual_seed(0)
     B, T, C, heads, kv_heads, d = 5, 6, 192, 9, 3, 64
     q = torch.randn(B, T, heads, d, generator=gen).to(dtype)
@@ -496,15 +521,21 @@ def test_the_additive_mask_attends_bitwise_as_the_boolean_one(kind, dtype):
                            attention.attend(q, k, v, boolean, d ** -0.5))
 
 
-def test_batch_invariance_is_the_default_only_in_bfloat16(hf):
-    s = Weights.from_hf(hf).shape
+@X86
+def test_batch_invariance_by_pieces_is_the_x86_plans_only_in_bfloat16(hf):
+    """On the x86 backend's default knobs, bfloat16 passes are batch invariant by pieces and key
+    blocks; float64 ones are not batch invariant; float32 ones are by their kernels (panel
+    linears and the attention kernel, where they build), never by pieces."""
     for dtype, on in ((torch.float64, False), (torch.float32, False), (torch.bfloat16, True)):
         model = AutoModelForCausalLM.from_config(hf.config, dtype=dtype).eval()
-        fwd = Forward(Weights.from_hf(model), KVPool(s.layers, 1, s.kv_heads, s.max_len,
-                                                     s.head_dim, dtype))
+        fwd = forward_of(model, backend="x86", slots=1)
         assert (fwd.rows is not None) == on and (fwd.key_block is not None) == on
+        plan = plan_of(model, backend="x86", slots=1)
+        kernels = plan.linears in ("panels", "quantized", "int8") and plan.attention == "kernel"
+        assert plan.batch_invariant == (on or dtype == torch.float32 and kernels)
 
 
+@X86
 @pytest.mark.slow
 def test_smollm2_bfloat16_verifies_of_any_length_are_bitwise_decoding():
     """The real target in bfloat16: a 40-token verify (past SHORT: a long row that is not a
@@ -513,7 +544,7 @@ def test_smollm2_bfloat16_verifies_of_any_length_are_bitwise_decoding():
     40-token verify computed as one piece differed at every position)."""
     from specdec.engine.loading import load_target
 
-    target = load_target("smollm2-135m", dtype="bfloat16", kv_slots=3)
+    target = load_target("smollm2-135m", dtype="bfloat16", kv_slots=3, backend="x86")
     fwd, pool = target.runtime, target.runtime.pool
     assert fwd.rows is not None
     prompt, draft = seq(50, 70), seq(40, 71)

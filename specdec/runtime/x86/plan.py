@@ -44,9 +44,21 @@ def int8_runs(config: RuntimeConfig, blocks: bool) -> bool:
     return blocks and config.linears in ("auto", "int8") and int8.unavailable() is None
 
 
+def float32_only(config: RuntimeConfig) -> str | None:
+    """The knob asked for that only float32 passes run, if any."""
+    for knob, values in (("linears", ("torch", "panels", "quantized", "int8")),
+                         ("attention", ("kernel", "sdpa")), ("kv_cache_dtype", ("float16",))):
+        if getattr(config, knob) in values:
+            return f"{knob}: {getattr(config, knob)}"
+    return None
+
+
 def pick_dtype(config: RuntimeConfig, blocks: bool, reasons: list) -> str:
     if config.dtype != "auto":
         return config.dtype
+    if float32_only(config):
+        reasons.append(f"dtype auto: float32, which {float32_only(config)} runs")
+        return "float32"
     if int8_runs(config, blocks):
         reasons.append("dtype auto: float32, whose linears run int8 rows on the GGUF's codes")
         return "float32"
