@@ -28,7 +28,7 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipelines.common.config import MlflowSettings, Strict, cli_config
+from pipelines.common.config import Device, MlflowSettings, Strict, cli_config
 from pipelines.common.formats import check_tokenizer, load_prompts
 from pipelines.common.pools import ActorSettings, map_prompts
 from pipelines.common.settings import PacerSettings, VerifierSettings, fixed, pacer
@@ -57,6 +57,7 @@ class SweepSettings(Strict):
 class EvaluateConfig(Strict):
     target: str = "smollm2-135m"
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    device: Device = "cpu"  # each actor's (actors.num_gpus > 0: its GPU is cuda)
     drafter: str  # directory or models:/NAME@ALIAS
     preverifier: str | None = None  # directory or models:/NAME@ALIAS; needed for PACER
     prompts: str  # the benchmark split
@@ -99,7 +100,8 @@ class Evaluator:
 
         self.cfg = EvaluateConfig.model_validate(config)
         torch.set_num_threads(self.cfg.actors.torch_threads)
-        pair = load_pair(self.cfg.target, refs["drafter"], refs["preverifier"], self.cfg.dtype)
+        pair = load_pair(self.cfg.target, refs["drafter"], refs["preverifier"], self.cfg.dtype,
+                         self.cfg.device)
         self.engine = Engine(pair.target, pair.drafter, pair.preverifier)
         self.settings = settings
 

@@ -17,7 +17,7 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from pipelines.common.config import MlflowSettings, Strict, cli_config, default_output
+from pipelines.common.config import Device, MlflowSettings, Strict, cli_config, default_output
 from pipelines.common.formats import STEPS_SCHEMA, check_tokenizer, load_prompts
 from pipelines.common.pools import ActorSettings, map_prompts
 from pipelines.common.settings import VerifierSettings
@@ -27,6 +27,7 @@ from pipelines.common.tables import write_table
 class SimulateConfig(Strict):
     target: str = "smollm2-135m"
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
+    device: Device = "cpu"  # each actor's (actors.num_gpus > 0: its GPU is cuda)
     drafter: str  # block-drafter directory or models:/NAME@ALIAS
     prompts: str  # a corpus split (Parquet)
     limit: int | None = None  # prompts to use
@@ -53,7 +54,8 @@ class Simulator:
 
         self.cfg = SimulateConfig.model_validate(config)
         torch.set_num_threads(self.cfg.actors.torch_threads)
-        self.pair = load_pair(self.cfg.target, drafter_dir, dtype=self.cfg.dtype)
+        self.pair = load_pair(self.cfg.target, drafter_dir, dtype=self.cfg.dtype,
+                              device=self.cfg.device)
         self.verifier = make_verifier(self.cfg.verifier.name, **self.cfg.verifier.params())
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -19,11 +19,13 @@ from pydantic import Field
 from tqdm import tqdm
 
 from pipelines.common.config import (
+    Device,
     MlflowSettings,
     Scaling,
     Strict,
     cli_config,
     default_output,
+    loop_device,
     target_name,
 )
 from pipelines.common.formats import STEPS_SCHEMA
@@ -49,6 +51,7 @@ class TrainPreVerifierConfig(Strict):
     lr: float = 1e-3
     seed: int = 0
     dtype: Literal["float32"] = "float32"
+    device: Device = "cpu"  # the driver's (scaling.num_workers 0); a worker takes Ray's (use_gpu)
     scaling: Scaling = Scaling()
     mlflow: MlflowSettings = MlflowSettings()
 
@@ -82,12 +85,13 @@ def load_steps(path: str, percent: float):
 
 
 def evaluate(net, packed) -> dict:
+    """Held-out metrics of ``net`` on ``packed`` (on the net's device); computed on the CPU."""
     from specdec.training.calibration import accuracy, auc, ece
 
     net.eval()
     with torch.no_grad():
-        logits = net(packed.hidden, packed.positions, packed.step_ids)[packed.valid]
-    labels = packed.labels[packed.valid]
+        logits = net(packed.hidden, packed.positions, packed.step_ids)[packed.valid].cpu()
+    labels = packed.labels[packed.valid].cpu()
     probs = torch.sigmoid(logits)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
     net.train()
@@ -98,6 +102,7 @@ def evaluate(net, packed) -> dict:
 def train_loop(loop_cfg: dict) -> None:
     import mlflow
     import ray.train
+    from ray.train.torch import prepare_model
 
     from specdec.models.preverifier import PreVerifier, PreVerifierConfig
     from specdec.training.preverifier_data import pack_steps
@@ -107,38 +112,36 @@ def train_loop(loop_cfg: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent)
-    train = pack_steps(train_steps[rank::world], cfg.pack_len)
-    held = pack_steps(held_steps or train_steps, cfg.pack_len)
+    device = loop_device(cfg.scaling, cfg.device)
+    train = pack_steps(train_steps[rank::world], cfg.pack_len).to(device)
+    held = pack_steps(held_steps or train_steps, cfg.pack_len).to(device)
     m = cfg.model
     torch.manual_seed(cfg.seed)
-    net = PreVerifier(PreVerifierConfig(input_size=train.hidden.shape[-1], width=m.width,
-                                        heads=m.heads, max_positions=m.max_positions,
-                                        use_position=m.use_position)).train()
+    model = PreVerifier(PreVerifierConfig(input_size=train.hidden.shape[-1], width=m.width,
+                                          heads=m.heads, max_positions=m.max_positions,
+                                          use_position=m.use_position)).to(device).train()
+    # More than one worker: DDP (Ray Train's prepare_model), which averages the gradients.
+    net = prepare_model(model, move_to_device=device) if world > 1 else model
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed + rank)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
     for step in tqdm(range(cfg.steps), desc="train_preverifier", disable=rank != 0, mininterval=5):
-        rows = torch.randint(train.hidden.shape[0], (cfg.batch_size,), generator=gen)
-        loss = train_step(net, opt, train, rows, world)
+        rows = torch.randint(train.hidden.shape[0], (cfg.batch_size,), generator=gen).to(device)
+        loss = train_step(net, opt, train, rows)
         if client is not None:
             client.log_metric(loop_cfg["run_id"], "train_loss", loss, step=step + 1)
-    report(net, evaluate(net, held), rank)
+    report(model, evaluate(model, held), rank)
 
 
-def train_step(net, opt, train, rows: torch.Tensor, world: int = 1) -> float:
+def train_step(net, opt, train, rows: torch.Tensor) -> float:
     """One optimiser step of binary cross-entropy on the packed sequences ``rows`` of
-    ``train`` (gradients averaged over ``world`` workers); -> the loss."""
+    ``train`` (``net`` wrapped in DDP averages the gradients over the workers); -> the loss."""
     logits = net(train.hidden[rows], train.positions[rows], train.step_ids[rows])
     valid = train.valid[rows]
     loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[valid],
                                                                train.labels[rows][valid])
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    if world > 1:
-        for p in net.parameters():
-            if p.grad is not None:
-                torch.distributed.all_reduce(p.grad)
-                p.grad /= world
     opt.step()
     return float(loss.detach())
 
@@ -150,7 +153,7 @@ def report(net, metrics: dict, rank: int) -> None:
         ray.train.report(metrics)
         return
     out = Path(tempfile.mkdtemp(prefix="preverifier-"))
-    net.eval().save(out / "preverifier")
+    net.cpu().eval().save(out / "preverifier")
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(out))
 
 

@@ -12,10 +12,10 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from specdec.models.registry import DEFAULT_EXPERIMENT
 from specdec.models.sources import NAMED_SOURCES, specdec_home
@@ -23,6 +23,20 @@ from specdec.models.sources import NAMED_SOURCES, specdec_home
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
+
+
+def _device(value: str) -> str:
+    """A torch device name a job may run on; whether it exists is checked where it loads."""
+    if not DEVICE.fullmatch(value):
+        raise ValueError(f"a device is cpu, cuda, cuda:N or auto (a GPU when one is visible), "
+                         f"got {value!r}")
+    return value
+
+
+Device = Annotated[str, AfterValidator(_device)]
 
 
 class MlflowSettings(Strict):
@@ -40,6 +54,19 @@ class Scaling(Strict):
     cpus_per_worker: float = 1.0
     max_failures: int = 0  # FailureConfig: worker-group restarts from the last checkpoint
     torch_threads: int = 2
+
+
+def loop_device(scaling: Scaling, device: str = "cpu"):
+    """The device of a Ray Train loop's model and batches: on a worker (num_workers > 0) the
+    one Ray gave it (``ray.train.torch.get_device``: its GPU under use_gpu, else the CPU); in
+    the driver (num_workers 0) ``device``."""
+    from specdec.models.sources import parse_device
+
+    if scaling.num_workers > 0:
+        from ray.train.torch import get_device
+
+        return get_device()
+    return parse_device(device)
 
 
 C = TypeVar("C", bound=BaseModel)

@@ -40,6 +40,18 @@ class VerifyInputs:
     draft_probs: torch.Tensor | None = None  # [K, V] the drafter's proposal (sampling only)
     generator: torch.Generator | None = None  # the request's random stream (sampling only)
 
+    def __post_init__(self):
+        """One device for the round: a GPU kernel takes no CPU operand (nor a CPU generator),
+        so the caller moves the logits or the draft at its own boundary (the serving workers
+        and the simulation verify on the CPU, where drafts and generators live)."""
+        device = self.logits.device
+        if self.draft.device != device:
+            raise ValueError(f"VerifyInputs: draft on {self.draft.device}, logits on {device}; "
+                             f"move one of them first")
+        if self.generator is not None and self.generator.device.type != device.type:
+            raise ValueError(f"VerifyInputs: generator on {self.generator.device}, logits on "
+                             f"{device}; sample where the generator lives")
+
 
 @dataclass(frozen=True)
 class Verdict:

@@ -18,6 +18,7 @@ from specdec.models.drafters import DRAFTERS, DrafterArgs, build_drafter, drafte
 from specdec.models.preverifier import PreVerifier, load_preverifier, untrained_preverifier
 from specdec.models.suffix import SuffixConfig
 from specdec.models.target import TargetModel
+from specdec.models.target_parts import TargetParts
 
 __all__ = ["ModelPair", "load_drafter", "load_drafter_side", "load_pair", "load_preverifier",
            "load_target", "target_taps", "untrained_preverifier"]
@@ -67,15 +68,17 @@ def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",
                       device: str = "cpu", suffix: SuffixConfig | None = None,
                       block_drafter: str | None = None,
                       preverifier_ref: str | None = None) -> Drafter | None:
-    """The drafter alone, for a process that does not run the target: the target is loaded
-    only when the drafter kind needs its weights (a block drafter's embedding and lm_head, or
-    ``self``); the n-gram and suffix drafters need only the target's vocabulary size."""
+    """The drafter alone, for a process that does not run the target: of the target it reads
+    only what the drafter kind needs -- a block drafter's embedding and lm_head (``TargetParts``,
+    from the target's safetensors, in the dtype and on the device the target would hold them),
+    the whole language model for ``self``, the vocabulary size for the n-gram and suffix
+    drafters. It never builds a ``TargetModel`` (nor its KV pool)."""
     needs = DRAFTERS.resolve(drafter_ref).needs
+    parts, vocab_size = None, None
     if "target_weights" in needs:
-        target = load_target(target_ref, drafter_ref, dtype, device, block_drafter=block_drafter)
-        return load_drafter(drafter_ref, target, dtype, suffix, block_drafter, preverifier_ref)
-    vocab_size = None
-    if "vocab" in needs:
+        parts = TargetParts.load(target_ref, dtype, device)
+        vocab_size = parts.vocab_size
+    elif "vocab" in needs:
         from transformers import AutoConfig
 
         from specdec.models.sources import resolve
@@ -83,7 +86,7 @@ def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",
         vocab_size = AutoConfig.from_pretrained(resolve(target_ref)).vocab_size
     return build_drafter(DrafterArgs(drafter_ref, vocab_size, dtype, device,
                                      suffix or SuffixConfig(), block_drafter, preverifier_ref),
-                         None)
+                         parts)
 
 
 def load_drafter(ref: str, target: TargetModel, dtype: str = "float32",

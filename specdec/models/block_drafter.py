@@ -35,6 +35,7 @@ from torch import nn
 from specdec.algorithms.sampling import Sampling, choose
 from specdec.models.drafter import DraftBlock
 from specdec.models.target import TargetModel, evenly_spaced_taps
+from specdec.models.target_parts import TargetParts
 
 CONFIG_FILE = "block_drafter.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -256,7 +257,9 @@ class BlockDrafter:
         return BlockDrafterConfig(**meta["config"]), meta.get("target")
 
     @classmethod
-    def load(cls, path: str | Path, target: TargetModel) -> BlockDrafter:
+    def load(cls, path: str | Path, target: TargetModel | TargetParts) -> BlockDrafter:
+        """The checkpoint at ``path``, on ``target``'s device and dtype, borrowing its embedding
+        and lm_head (a ``TargetModel``, or just its ``TargetParts`` on a drafter-only process)."""
         config, target_ref = cls.read_config(path)
         state = load_file(Path(path) / WEIGHTS_FILE)
         vocab = state["draft_to_target"].shape[0]

@@ -3,13 +3,15 @@
 A drafter reference names an entry (``none``, ``ngram``, ``suffix``, ``hybrid``, ``self``) or is
 claimed by one: a block-drafter checkpoint directory (``block``), else the path or hub id of an
 autoregressive draft LM (``ar``, tried last). Each entry's builder takes ``(args, target)``:
-the ``DrafterArgs`` it is loaded from and the target model (None on a drafter-only process for
-the kinds that do not need the target's weights).
+the ``DrafterArgs`` it is loaded from and the target: the ``TargetModel`` where the target
+runs, its ``TargetParts`` on a drafter-only process, None there for the kinds that do not need
+the target's weights.
 
 What each kind needs (``Entry.needs``):
 - ``vocab``: only the target's vocabulary size (n-gram, suffix);
-- ``target_weights``: the target model itself (``self`` drafts with it; the block drafter shares
-  its embedding and lm_head), so a drafter-only process loads the target too;
+- ``target_weights``: the target's weights: the block drafter shares its embedding and lm_head
+  (on a drafter-only process, ``TargetParts`` reads just those), ``self`` drafts with the whole
+  language model (loaded as an ``ARDrafter`` there); a ``TargetModel`` is never built for them;
 - ``target_features``: the target's hidden states at its ``tap_layers``, which ``tap_layers``
   reads from the checkpoint's config file alone, so the target side never loads a drafter's
   weights to learn them;
@@ -37,6 +39,9 @@ from specdec.models.preverifier import load_preverifier
 from specdec.models.registry import resolve_model_ref
 from specdec.models.suffix import SuffixConfig, SuffixDrafter, SuffixOptions
 from specdec.models.target import TargetModel
+from specdec.models.target_parts import TargetParts
+
+Target = TargetModel | TargetParts  # what a builder is given of the target
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def block_taps(ref: str) -> tuple[int, ...]:
     return BlockDrafter.read_config(ref)[0].tap_layers
 
 
-def load_hybrid(args: DrafterArgs, target: TargetModel) -> HybridDrafter:
+def load_hybrid(args: DrafterArgs, target: Target) -> HybridDrafter:
     if not args.preverifier:
         raise ValueError("drafter hybrid needs a pre-verifier (its PACER estimate picks the draft)")
     block_ref = args.hybrid_block()
@@ -72,6 +77,14 @@ def load_hybrid(args: DrafterArgs, target: TargetModel) -> HybridDrafter:
     block = BlockDrafter.load(block_ref, target)
     preverifier = load_preverifier(resolve_model_ref(args.preverifier), block)
     return HybridDrafter(SuffixDrafter.load(target.vocab_size, args.suffix), block, preverifier)
+
+
+def self_drafter(target: Target) -> ARDrafter:
+    """The target's language model as its own drafter: the running target's, or on a
+    drafter-only process the same checkpoint loaded as a plain LM (no KV pool)."""
+    if isinstance(target, TargetModel):
+        return ARDrafter(target.model)
+    return ARDrafter.from_pretrained(target.ref, dtype=target.dtype, device=target.device)
 
 
 DRAFTERS = Catalog(
@@ -85,7 +98,7 @@ DRAFTERS = Catalog(
     Entry("hybrid", load_hybrid, "per round the suffix draft or the block drafter's PACER draft",
           needs=frozenset({"target_weights", "target_features", "preverifier", "suffix"}),
           tap_layers=lambda args: block_taps(args.hybrid_block()), config=HybridOptions),
-    Entry("self", lambda args, target: ARDrafter(target.model),
+    Entry("self", lambda args, target: self_drafter(target),
           "the target drafts for itself (a check that accepts everything)",
           needs=frozenset({"target_weights"})),
     Entry("block", lambda args, target: BlockDrafter.load(args.ref, target),
@@ -113,7 +126,7 @@ def drafter_taps(args: DrafterArgs) -> tuple[int, ...]:
     return DRAFTERS.resolve(args.ref).tap_layers(args)
 
 
-def build_drafter(args: DrafterArgs, target: TargetModel | None) -> Drafter | None:
+def build_drafter(args: DrafterArgs, target: Target | None) -> Drafter | None:
     """The drafter ``args`` names; ``target`` may be None unless its kind needs target_weights."""
     entry = DRAFTERS.resolve(args.ref)
     if "target_weights" in entry.needs and target is None:

@@ -127,7 +127,9 @@ class TargetModel:
                                               pool_size), config, gguf_blocks.present(path))
             torch_dtype, where = plan.torch_dtype, torch.device(plan.device)
         else:
-            torch_dtype, where = parse_dtype(dtype), parse_device(device)
+            # transformers runs it: no plan, and auto is float32 (what the plan gives a GPU)
+            torch_dtype = parse_dtype("float32" if dtype == "auto" else dtype)
+            where = parse_device(device)
         codes = plan is not None and plan.linears in ("int8", "quantized")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
                                                      use_safetensors=True).to(where)

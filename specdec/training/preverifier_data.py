@@ -12,7 +12,7 @@ What this is not: no Parquet I/O, no training loop (``pipelines.train_preverifie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -30,6 +30,10 @@ class PackedSteps:
     step_ids: torch.Tensor  # [S, L] long, -1 on padding
     labels: torch.Tensor  # [S, L] float
     valid: torch.Tensor  # [S, L] bool
+
+    def to(self, device: torch.device | str) -> PackedSteps:
+        """These sequences on ``device`` (a trainer's batches live where its model does)."""
+        return PackedSteps(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def pack_order(lengths: list[int], pack_len: int) -> list[list[int]]:

@@ -44,7 +44,7 @@ class TokenRecord:
 
 def round_records(step: int, draft, logits: torch.Tensor, accepted: int,
                   pacer_block: int) -> list[TokenRecord]:
-    """draft: DraftBlock of K tokens; logits: [K+1, V] raw -> K records."""
+    """draft: DraftBlock of K tokens; logits: [K+1, V] raw, on the draft's device -> K records."""
     k = len(draft)
     z = logits[:k].double()  # [K, V]
     greedy = z.argmax(-1)  # [K]
@@ -97,8 +97,11 @@ class _Simulator:
         start = self.state.length
         ids = [self.pending, *block.tokens.tolist()]
         out = self.target_model.forward(self.state, ids, taps=self.taps)
-        verdict = self.verifier.verify(self.vstate, VerifyInputs(out.logits, block.tokens))
-        self.records += round_records(self.round_index, block, out.logits, verdict.accepted,
+        # The device boundary, as in the TargetWorker: verification and the records run on
+        # the CPU, where the draft and the request's generator live, whatever the target's device.
+        logits = out.logits.cpu()  # [K+1, V]
+        verdict = self.verifier.verify(self.vstate, VerifyInputs(logits, block.tokens))
+        self.records += round_records(self.round_index, block, logits, verdict.accepted,
                                       self.pacer_block)
         self.target_model.crop(self.state, start + 1 + verdict.accepted)
         self.pending, self.round_index = verdict.tokens[-1], self.round_index + 1

@@ -16,6 +16,7 @@ from specdec.algorithms.verify import (
     make_verifier,
     verifier_names,
 )
+from tests.device_guard import GuardedCuda
 
 V = 5
 
@@ -127,3 +128,31 @@ def test_make_verifier_bad_parameters():
         make_verifier("strict", budget=1.0)
     with pytest.raises(ValueError, match="gate"):
         make_verifier("asd", gate=-1.0)
+
+
+@pytest.mark.parametrize("verifier", [StrictVerifier(), AsdVerifier(budget=4.0, gate=1.0),
+                                      RejectionSampler(temperature=1.0)], ids=type)
+def test_verifiers_run_on_the_gpu_as_on_the_cpu(verifier):
+    """On the stand-in GPU (tests.device_guard) no op mixes devices; the verdict is the CPU's."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, V, generator=gen, dtype=torch.float64)
+    draft = torch.tensor([1, 2, 3, 4])
+    probs = torch.softmax(torch.randn(4, V, generator=gen, dtype=torch.float64), -1)  # on the CPU
+
+    def verdict(move) -> Verdict:
+        torch.manual_seed(0)  # the sampler's draws without a generator
+        inputs = VerifyInputs(move(logits), move(draft), probs)
+        return verifier.verify(verifier.new_state(), inputs)
+
+    cpu = verdict(lambda t: t)
+    with GuardedCuda():
+        assert verdict(lambda t: t.cuda()) == cpu
+
+
+def test_a_round_on_two_devices_is_refused_naming_the_field():
+    with GuardedCuda():
+        logits = torch.zeros(3, V).cuda()
+        with pytest.raises(ValueError, match="draft on cpu, logits on cuda"):
+            VerifyInputs(logits, torch.tensor([1, 2]))
+        with pytest.raises(ValueError, match="generator on cpu, logits on cuda"):
+            VerifyInputs(logits, torch.tensor([1, 2]).cuda(), generator=torch.Generator())

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from pydantic import ValidationError
 
 from pipelines import train_preverifier
 from pipelines.common.formats import load_prompts
 from pipelines.common.tables import read_table, write_table
+from pipelines.evaluate import EvaluateConfig
+from pipelines.simulate import SimulateConfig
+from pipelines.train_preverifier import TrainPreVerifierConfig
 
 
 def test_missing_parquet_is_named(tmp_path):
@@ -29,3 +33,14 @@ def test_schema_mismatch_names_the_column(tmp_path):
     schema = pa.schema([("prompt_ids", pa.list_(pa.int32()))])
     with pytest.raises(ValueError, match="column 'prompt_ids' .* expected list<item: int32>"):
         read_table(path, schema, "test")
+
+
+@pytest.mark.parametrize("config, required", [
+    (SimulateConfig, {"drafter": "d", "prompts": "p"}),
+    (EvaluateConfig, {"drafter": "d", "prompts": "p"}),
+    (TrainPreVerifierConfig, {"data": "s"}),
+])
+def test_a_bad_device_is_named(config, required):
+    with pytest.raises(ValidationError, match="device\n.*a device is cpu, cuda, cuda:N or auto"):
+        config(device="gpu", **required)
+    assert config(device="cuda:1", **required).device == "cuda:1"

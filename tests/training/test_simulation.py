@@ -1,8 +1,12 @@
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.algorithms.verify import make_verifier
+from specdec.models.block_drafter import BlockDrafter
+from specdec.models.target import TargetModel
 from specdec.training.simulation import simulate_request
 from tests.conftest import greedy_reference
+from tests.device_guard import GuardedCuda
 
 
 def test_records_are_consistent_with_strict_verification(pair64):
@@ -25,3 +29,30 @@ def test_records_are_consistent_with_strict_verification(pair64):
     first = [r for r in records if r.step == 0]
     assert first[0].greedy == ref[0]
     assert torch.is_tensor(torch.tensor([r.regret for r in records]))
+
+
+def guarded_pair(paths: dict, guard: GuardedCuda):
+    """The tiny float64 pair with the target on the stand-in GPU (transformers' forward) and
+    the block drafter following it there."""
+    model = AutoModelForCausalLM.from_pretrained(paths["target"], dtype=torch.float64)
+    taps = BlockDrafter.read_config(paths["block-drafter"])[0].tap_layers
+    with guard:
+        target = TargetModel(model.to("cuda"), AutoTokenizer.from_pretrained(paths["target"]),
+                             taps, backend="transformers")
+        return target, BlockDrafter.load(paths["block-drafter"], target)
+
+
+def test_a_target_on_the_gpu_records_what_the_cpu_does(tiny_llama, pair64):
+    """Logits on the GPU, drafts on the CPU: verification and the records cross at one
+    boundary, so nothing mixes devices and the records are the CPU's."""
+    prompt = list(b"def f(x):\n    return")
+    drafter = pair64.drafter
+    ref = simulate_request(pair64.target, drafter, make_verifier("strict"), prompt, 12,
+                           drafter.max_draft_len, 3)
+    guard = GuardedCuda()
+    target, drafter = guarded_pair(tiny_llama, guard)
+    assert target.device.type == "cuda" and drafter.device.type == "cuda"
+    with guard:
+        got = simulate_request(target, drafter, make_verifier("strict"), prompt, 12,
+                               drafter.max_draft_len, 3)
+    assert got == ref
