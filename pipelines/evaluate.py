@@ -196,7 +196,8 @@ def log_summary(results: dict[str, dict], prefix: str) -> None:
 def run(cfg: EvaluateConfig) -> dict:
     import mlflow
 
-    from pipelines.common.tracking import log_params, start_run
+    from pipelines.common.tracking import log_params, log_plan, start_run
+    from specdec.runtime import RuntimeConfig
 
     for path in [cfg.prompts] + ([cfg.sweep.prompts] if cfg.sweep else []):
         load_prompts(path, None, "evaluate.prompts")  # fail fast on bad files
@@ -205,6 +206,7 @@ def run(cfg: EvaluateConfig) -> dict:
     out: dict = {}
     with start_run(cfg.mlflow, "evaluate"):
         log_params(cfg.model_dump())
+        log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype))
         settings = [fixed(g) for g in cfg.fixed_gammas]
         if cfg.sweep:
             max_draft = (cfg.pacer or PacerSettings()).max_draft

@@ -231,10 +231,14 @@ def run(cfg: ResponsesConfig, offline: bool = False, minutes: float | None = Non
     else:
         import mlflow
 
-        from pipelines.common.tracking import log_params, start_run
+        from pipelines.common.tracking import log_params, log_plan, start_run
+        from specdec.runtime import RuntimeConfig
 
         with start_run(cfg.mlflow, "responses"):
             log_params(cfg.model_dump())
+            log_plan(cfg.target, RuntimeConfig("cuda" if cfg.actors.num_gpus > 0 else "cpu",
+                                               cfg.dtype, max_model_len=cfg.context,
+                                               slots=cfg.actors.batch_size))
             table, stats = build(cfg, rows, minutes=minutes)
             mlflow.log_metrics({k: v for k, v in stats.items() if isinstance(v, int | float)})
     write_table(table, cfg.output(), metadata_for(cfg))

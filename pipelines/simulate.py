@@ -74,9 +74,10 @@ class Simulator:
 def run(cfg: SimulateConfig) -> Path:
     import mlflow
 
-    from pipelines.common.tracking import log_params, start_run
+    from pipelines.common.tracking import log_params, log_plan, start_run
     from specdec.models.block_drafter import BlockDrafter
     from specdec.models.registry import resolve_model_ref
+    from specdec.runtime import RuntimeConfig
 
     prompts = load_prompts(cfg.prompts, cfg.limit, "simulate.prompts")  # fails fast on a bad file
     check_tokenizer(cfg.prompts, cfg.target, "simulate.prompts")
@@ -85,6 +86,7 @@ def run(cfg: SimulateConfig) -> Path:
         raise FileNotFoundError(f"simulate.drafter {cfg.drafter!r} is not a block-drafter checkpoint")
     with start_run(cfg.mlflow, "simulate"):
         log_params(cfg.model_dump())
+        log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype))
         table = map_prompts(prompts, Simulator, {"config": cfg.model_dump(), "drafter_dir": drafter_dir},
                             cfg.actors, STEPS_SCHEMA)
         meta = {"specdec.drafter": cfg.drafter, "specdec.verifier": json.dumps(cfg.verifier.params()

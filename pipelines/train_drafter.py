@@ -525,11 +525,20 @@ def run(cfg: TrainDrafterConfig) -> dict:
     import mlflow
 
     from pipelines.common.plots import loss_figure
-    from pipelines.common.tracking import log_figure, log_params, register, start_run, tracking_uri
+    from pipelines.common.tracking import (
+        log_figure,
+        log_params,
+        log_plan,
+        register,
+        start_run,
+        tracking_uri,
+    )
+    from specdec.runtime import RuntimeConfig
 
     init_dir = preflight(cfg)
     with start_run(cfg.mlflow, "train_drafter") as run_:
         log_params(cfg.model_dump())
+        log_plan(cfg.target, RuntimeConfig("cuda" if cfg.scaling.use_gpu else "cpu", cfg.dtype))
         if cfg.resume:
             log_offline_metrics(cfg)
         result = fit(cfg, run_, init_dir, tracking_uri(cfg.mlflow))

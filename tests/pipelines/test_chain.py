@@ -142,3 +142,20 @@ def test_suffix_index_through_the_registry_is_the_responses_and_lossless(chain, 
     out = Engine(pair.target, pair.drafter).generate(prompt, GenerationParams(16))
     assert out.token_ids == expected
     assert out.stats.accepted > 0  # its own training response is in the index
+
+
+def test_the_jobs_log_their_targets_plan(chain, store):
+    """Every job that runs the target logs its resolved plan as MLflow params (``plan.*``)."""
+    import mlflow
+
+    runs = mlflow.MlflowClient(store["tracking_uri"]).search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(store["tracking_uri"]).search_experiments()])
+    by_job = {}
+    for run in runs:
+        by_job.setdefault(run.data.tags.get("mlflow.runName", ""), run.data.params)
+    planned = {job: params for job, params in by_job.items() if "plan.backend" in params}
+    assert {"responses", "train_drafter", "simulate", "evaluate"} <= {
+        job.split("-")[0] for job in planned}, sorted(by_job)
+    for params in planned.values():
+        assert params["plan.device"] == "cpu" and int(params["plan.memory.kv_pool"]) > 0
+        assert params["plan.max_model_len"].isdigit() and params["plan.numerics"]
