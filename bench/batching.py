@@ -1,26 +1,20 @@
-"""Serving benchmark at concurrency: what continuous batching buys, for plain AR and the default SD.
+"""The served harness: what continuous batching buys, for plain AR and the default SD, over HTTP.
 
-One run, nothing else running: the served default (``configs/serve/local.yaml`` with its
-``default_pair``, as ``make serve`` resolves it) and the same app with ``drafter: none`` (plain
-AR, same runtime, dtype and threads) side by side on one embedded Ray; the same prompts at each
-concurrency (a closed loop: ``c`` clients, each sending its next prompt when the last one is
-answered), levels and methods interleaved per repeat, the methods' order rotated each repeat.
-Per (method, concurrency): aggregate tokens/s, p50 / p95 per-request latency (medians over
-repeats), the mean batch a target step ran (from ``GET /debug/metrics``), and whether every
-output equals the same method's sequential (concurrency 1) one and AR's. The SD app's suffix
-tree does not learn online here (``suffix.online: false``; the served default learns): every
-level and repeat sends the same prompts, so an online tree would replay the outputs of the ones
-before and the levels would not compare.
-With ``--unbatched``, AR also runs with ``batching.max_batch: 1``
-(each step one request: the engine before continuous batching) at the highest concurrency.
-With ``--engine``, the SD app's engine also runs in this process (``sd_engine``: the same
-models, settings and threads, no Ray or HTTP), one prompt at a time, interleaved with the
-levels: the served path at concurrency 1 against it, and the outputs the served ones must equal.
-``--variant NAME=JSON`` serves one more SD app, the default with those args changed (each
-top-level key's dict merged one level deep), at every level, e.g. draft caps:
+The served default (``configs/serve/local.yaml`` with its ``default_pair``, as ``make serve``
+resolves it) and the same app with ``drafter: none`` (plain AR, same runtime, dtype and threads)
+side by side on one embedded Ray, nothing else running; the same prompts at each concurrency (a
+closed loop: ``c`` clients, each sending its next prompt when the last one is answered), levels
+and methods interleaved per repeat, the methods' order rotated each repeat. Per (method,
+concurrency): aggregate tokens/s, p50 / p95 latency (medians over repeats), the mean batch of a
+target step (``GET /debug/metrics``), and whether every output equals the method's sequential
+(concurrency 1) one and its plain decoding's. The SD app's suffix tree does not learn online here
+(``suffix.online: false``): every level sends the same prompts, so an online tree would replay them.
+``--unbatched`` adds AR with ``batching.max_batch: 1`` at the highest concurrency; ``--engine``
+the SD app's engine in this process (``sd_engine``: no Ray or HTTP, one prompt at a time, at
+concurrency 1, the outputs the served ones must equal); ``--variant NAME=JSON`` one more app, the
+default with those args changed (each top-level dict merged one level deep), e.g.
 ``--variant 'sd_caps={"batching": {"draft_caps": {"8": 4}}}'``; with ``"drafter": "none"`` a
-variant decodes plainly (the drafter's args dropped), e.g. AR in another dtype.
-Writes ``result.json``, ``result.md`` and ``concurrency.png``.
+variant decodes plainly. Writes ``result.json``, ``result.md`` and ``concurrency.png``.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
 """
@@ -41,7 +35,7 @@ import yaml
 from tqdm import tqdm
 
 from bench import humaneval
-from bench.report import machine_line, write
+from bench.report import command, goal_rows, machine_line, now, write
 
 SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
 BUILTIN = ("ar", "sd", "ar_unbatched", "sd_engine")  # the arms every --variant sits beside
@@ -248,13 +242,10 @@ def summarise(runs: dict, refs: dict[str, str] | None = None) -> dict:
     (``refs``; ``ar`` when not given)."""
     summary = {}
     for (method, c), rs in runs.items():
-        summary.setdefault(method, {})[c] = {
-            k: statistics.median(r[k] for r in rs)
-            for k in ("tokens_per_s", "p50_s", "p95_s") } | {
-            "mean_batch": statistics.median(r["mean_batch"] for r in rs)
-            if all(r["mean_batch"] is not None for r in rs) else None} | {
-            k: statistics.median(r[k] for r in rs) for k in SPLIT + STEPS
-            if all(k in r for r in rs)}
+        medians = {k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs)
+                   else None for k in ("tokens_per_s", "p50_s", "p95_s", "mean_batch", *SPLIT, *STEPS)}
+        summary.setdefault(method, {})[c] = {k: v for k, v in medians.items()
+                                             if v is not None or k == "mean_batch"}
     seq = {m: runs[(m, 1)][0]["token_ids"] for m in summary if (m, 1) in runs}
     if "sd_engine" in seq:  # the engine's outputs are what the served SD app must return
         seq["sd"] = seq["sd_engine"]
@@ -269,8 +260,9 @@ def summarise(runs: dict, refs: dict[str, str] | None = None) -> dict:
 
 
 def goals(summary: dict, refs: dict[str, str] | None = None) -> dict:
-    """Issue 17's goals for the default, and the 8-client one for each SD ``--variant`` against
-    its plain-decoding reference (``refs``: the AR app of its dtype)."""
+    """The served goals for the default (plain AR scales with clients, SD beats it at 8, latency
+    holds, serving adds little to the engine), and the 8-client one for each SD ``--variant``
+    against its plain-decoding reference (``refs``: the AR app of its dtype)."""
     ar, sd, refs = summary["ar"], summary["sd"], refs or {}
     out = {}
     if 8 in ar and 1 in ar:
@@ -283,12 +275,10 @@ def goals(summary: dict, refs: dict[str, str] | None = None) -> dict:
             out[f"{name}_c8_over_{base}_c8"] = {
                 "value": summary[name][8]["tokens_per_s"] / summary[base][8]["tokens_per_s"],
                 "goal": 1.3}
-    if 8 in sd and 1 in sd:
-        out["sd_p50_c8_over_c1"] = {"value": sd[8]["p50_s"] / sd[1]["p50_s"], "goal": 2.0,
-                                    "lower_is_better": True}
-    if 8 in ar and 1 in ar:
-        out["ar_p50_c8_over_c1"] = {"value": ar[8]["p50_s"] / ar[1]["p50_s"], "goal": 2.0,
-                                    "lower_is_better": True}
+    for name, x in (("sd", sd), ("ar", ar)):
+        if 8 in x and 1 in x:
+            out[f"{name}_p50_c8_over_c1"] = {"value": x[8]["p50_s"] / x[1]["p50_s"], "goal": 2.0,
+                                             "lower_is_better": True}
     if 1 in sd and 1 in summary.get("sd_engine", {}):
         out["sd_served_c1_over_engine"] = {
             "value": sd[1]["tokens_per_s"] / summary["sd_engine"][1]["tokens_per_s"], "goal": 0.9}
@@ -317,11 +307,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {method} | {c} | {v['tokens_per_s']:.2f} | {v['p50_s']:.2f} | "
                          f"{v['p95_s']:.2f} | {batch} | {split} | {chk['same_as_sequential']} | "
                          f"{chk['same_as_ar']} ({chk['reference']}) |")
-    lines += ["", "| goal | measured | target | met |", "| --- | --- | --- | --- |"]
-    for name, g in result["goals"].items():
-        sign = "<=" if g.get("lower_is_better") else ">="
-        lines.append(f"| {name} | {g['value']:.2f} | {sign} {g['goal']} | {g['met']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *goal_rows(result["goals"])]) + "\n"
 
 
 def plot(summary: dict, out: Path) -> None:
@@ -339,14 +325,12 @@ def plot(summary: dict, out: Path) -> None:
         colour = next(colours)  # one per method, in both panels
         left.plot(cs, [levels[c]["tokens_per_s"] for c in cs], marker="o", color=colour,
                   label=method)
-        right.plot(cs, [levels[c]["p50_s"] for c in cs], marker="o", color=colour,
-                   label=f"{method} p50")
-        right.plot(cs, [levels[c]["p95_s"] for c in cs], linestyle="--", color=colour,
-                   label=f"{method} p95")
+        for k, style in (("p50", {"marker": "o"}), ("p95", {"linestyle": "--"})):
+            right.plot(cs, [levels[c][f"{k}_s"] for c in cs], color=colour,
+                       label=f"{method} {k}", **style)
     for ax, label in ((left, "aggregate tokens/s"), (right, "per-request latency (s)")):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel(label)
+        ax.set(xlabel="concurrent clients", ylabel=label)
         ax.legend()
     fig.suptitle("Served throughput and latency against concurrency")
     fig.tight_layout()
@@ -388,32 +372,28 @@ def main(argv=None) -> None:
         engine.complete(prompts[0], 8)
     top = max(a.concurrency)
     methods = [*apps, *(["sd_engine"] if engine else [])]
-    plan = [(r, c, m) for r in range(a.repeats) for c in a.concurrency
-            for m in rotated(methods, r)
+    plan = [(c, m) for r in range(a.repeats) for c in a.concurrency for m in rotated(methods, r)
             if (m != "ar_unbatched" or c == top) and (m != "sd_engine" or c == 1)]
     runs: dict[tuple[str, int], list[dict]] = {}
-    for _, c, m in tqdm(plan, desc="levels"):
+    for c, m in tqdm(plan, desc="levels"):
         runs.setdefault((m, c), []).append(
             run_in_process(engine, prompts, a.max_tokens) if m == "sd_engine" else
             run_level(f"{url}/{m}", model, prompts, a.max_tokens, c))
     refs = references(apps)
-    result = summarise(runs, refs)
+    result = summarise(runs, refs)  # summary: method -> concurrency (int; "c" in the JSON) -> ...
     result["goals"] = goals(result["summary"], refs)
     result["meta"] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "command": "python -m bench.batching " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "date": now("%Y-%m-%d"), "command": command("bench.batching", argv),
         "machine": machine_line(),
         "served": {k: v for k, v in sd.items() if k not in ("api_key",)}, "variants": variants,
         "prompts": len(prompts), "prompts_file": a.prompts_file, "max_tokens": a.max_tokens,
         "repeats": a.repeats}
     result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}
                       for (m, c), rs in runs.items() for r in rs]
-    out = Path(a.out)
-    result["summary"] = {m: {str(c): v for c, v in lv.items()} for m, lv in result["summary"].items()}
-    summary = {m: {int(c): v for c, v in lv.items()} for m, lv in result["summary"].items()}
-    write(out, "result", result, markdown({**result, "summary": summary}))
-    plot(summary, out)
-    print(markdown({**result, "summary": summary}))
+    md = markdown(result)
+    write(Path(a.out), "result", result, md)
+    plot(result["summary"], Path(a.out))
+    print(md)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,26 @@
-"""What the target's passes allow the serving benchmark's plain AR: its aggregate tokens/s and
-p50 latency at ``c`` clients against one client, if serving cost nothing but the passes.
+"""What the target's passes allow the served harness's plain AR: its aggregate tokens/s and p50
+latency at ``c`` clients against one client, if serving cost nothing but the passes.
 
-A probe, not a benchmark: it times the target's passes here (the served default's numerics,
-``load_target`` as the app loads it, its KV dtype, 2 threads) and prices ``bench.batching``'s
-closed loop with them, so a served ratio can be read against what these passes give:
+It times the target's passes as the served default runs them (``load_target`` with the served
+numerics, 2 threads) on the passes timer, and prices ``bench.batching``'s closed loop with them:
 
 - ``decode(c)``: a pass of ``c`` requests x 1 new token after ``CONTEXT`` cached ones;
 - ``joined(P, c)``: a pass feeding a ``P``-token prompt whole beside ``c - 1`` decodes (a new
   request's prefill joins the running ones' step, as the scheduler runs it).
 
-Each prompt's request makes ``T`` tokens: its prefill makes the first and ``T - 1`` decodes the
-rest. At ``c`` clients, every prompt's prefill runs in a joined step and the other decodes in
-full steps of ``c``:
+Each request makes ``T`` tokens (its prefill the first, ``T - 1`` decodes the rest); at ``c``
+clients every prefill runs in a joined step and the other decodes in full steps of ``c``:
 
     time(c) = sum_i joined(P_i, c) + (n (T - 1) - n (c - 1)) / c * decode(c)
 
-with ``n`` prompts, and the aggregate ratio is ``time(1) / time(c)``. A request's latency at
-``c``: its own joined step, ``T - 1`` decode steps, and one other client's prefill joining its
-steps for each of the ``c - 1`` others (each starts about one request during its life):
+with ``n`` prompts; the aggregate ratio is ``time(1) / time(c)``. A request's latency at ``c``:
+its own joined step, ``T - 1`` decodes, and one other client's prefill joining its steps for
+each of the ``c - 1`` others, with ``P`` the median prompt:
 
     latency(c) = joined(P, c) + (T - 1) decode(c) + (c - 1) (joined(P, c) - decode(c))
 
-with ``P`` the median prompt. Both leave out everything but the passes (HTTP, Ray, scheduling,
-sampling) and take every step full: an idealised loop, priced on passes timed in one run (every
-pass in turn, so the machine's drift falls on all alike). Read its ratios, not its tokens/s,
-against a served run's: the machine's speed drifts between runs.
+An idealised loop (no HTTP, Ray, scheduling or sampling; every step full): read its ratios, not
+its tokens/s, against a served run's, since the machine's speed drifts between runs.
 
     python -m bench.ceiling --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --out DIR
 """
@@ -33,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from datetime import date
 from functools import partial
 from pathlib import Path
 
@@ -43,7 +37,7 @@ import torch
 from bench import humaneval
 from bench.batching import goals
 from bench.passes import Passes, interleaved
-from bench.report import machine_line, write
+from bench.report import command, goal_rows, machine_line, now, write
 
 CONTEXT = 160  # cached tokens of each running request (a 100-token prompt and 60 generated)
 
@@ -69,7 +63,7 @@ def median_prompt(prompts: list[int]) -> int:
 
 def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[int, float],
              joined: dict[int, dict[int, float]]) -> dict:
-    """Per level, the priced time, aggregate tokens/s and p50 latency; and issue 17's goals for
+    """Per level, the priced time, aggregate tokens/s and p50 latency; and the served goals for
     plain AR on them, as ``bench.batching.goals`` reads a served run's."""
     median = median_prompt(prompts)
     out = {}
@@ -109,11 +103,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {c} | {result['decode_ms'][c]:.1f} | "
                      f"{result['joined_ms'][c][median]:.1f} | {row['tokens_per_s']:.1f} | "
                      f"{row['p50_s']:.2f} |")
-    lines += ["", "| goal | priced from the passes | issue 17's goal | met |",
-              "| --- | --- | --- | --- |"]
-    for name, g in result["ceiling"]["goals"].items():
-        sign = "<=" if g.get("lower_is_better") else ">="
-        lines.append(f"| {name} | {g['value']:.2f} | {sign} {g['goal']} | {g['met']} |")
+    lines += ["", *goal_rows(result["ceiling"]["goals"], "priced from the passes", "served goal")]
     return "\n".join(lines) + "\n"
 
 
@@ -134,10 +124,8 @@ def main(argv=None) -> None:
                          kv_slots=max(args.concurrency) + 1)
     lengths = [len(target.tokenizer(p)["input_ids"]) for p in humaneval.prompts(args.prompts)]
     decode, joined = measure(target, args.concurrency, sorted(set(lengths)), args.repeats)
-    result = {"date": date.today().isoformat(),
-              "machine": machine_line(),
-              "command": "python -m bench.ceiling " + " ".join(
-                  argv if argv is not None else sys.argv[1:]),
+    result = {"date": now("%Y-%m-%d"), "machine": machine_line(),
+              "command": command("bench.ceiling", argv),
               "prompt_tokens": lengths, "max_tokens": args.max_tokens, "repeats": args.repeats,
               "decode_ms": decode, "joined_ms": joined,
               "ceiling": ceilings(lengths, args.max_tokens, args.concurrency, decode, joined)}

@@ -1,15 +1,12 @@
-"""The engine benchmark's config and its checks: everything is checked before any model loads.
+"""The engine harness's config and its checks: everything is checked before any model loads.
 
 ``BenchmarkConfig`` is the strict schema of ``configs/bench/*.yaml``; ``check`` turns a config
-into a ``Plan``: local model paths, the methods that will run, those that will not (with the
-reason, "not measured: missing ..."), the prompts, and the PACER settings and ASD controls (g, M)
-from the config, or from the evaluate sweep's ``pacer_defaults.json`` (tuned on the dev split)
-when the config names one. A missing file, a
-checkpoint of the wrong kind, an unknown method or too few prompts fail here with the config key
-named.
-
-Prompts come from the corpus's ``benchmark`` split only (never training data): HumanEval, the
-first N problems by task number; ShareGPT, a seeded choice.
+into a ``Plan``: local model paths, the methods that will run and those that will not (with the
+reason, "not measured: missing ..."), the prompts, and PACER's settings and ASD's controls (g, M),
+the evaluate sweep's ``pacer_defaults.json`` picks (tuned on the dev split) winning when named. A
+missing file, a checkpoint of the wrong kind, an unknown method or too few prompts fail here with
+the config key named. Prompts come from the corpus's ``benchmark`` split only (never training
+data): HumanEval, the first N problems by task number; ShareGPT, a seeded choice.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from specdec.knobs import pydantic_field
 
 PROMPTS = pa.schema([("id", pa.string()), ("source", pa.string()), ("split", pa.string()),
                      ("prompt_ids", pa.list_(pa.int32()))])
-QUICK = {"humaneval": 3, "sharegpt": 2, "repeats": 1, "max_new_tokens": 64}
+QUICK = {"humaneval": 3, "sharegpt": 2, "max_new_tokens": 64}  # and 1 repeat
 
 
 class Workload(Strict):
@@ -85,8 +82,8 @@ class BenchmarkConfig(Strict):
     preverifier_no_position: str | None = None  # trained without position embedding (ablation)
     # the suffix drafter's offline index (a directory or models:/NAME@ALIAS); None: local tree only
     suffix_index: str | None = None
-    # suffix_warm's warm-up: the target's greedy outputs by prompt id (JSON {id: [token ids]},
-    # e.g. bench.suffix_replay's *-greedy.json); None: computed untimed with the plain engine
+    # suffix_warm's warm-up: the target's greedy outputs by prompt id (JSON {id: [token ids]});
+    # None: computed untimed with the plain engine
     warm_outputs: str | None = None
     # the suffix walk's stop for the suffix and hybrid methods (None: the knob's default)
     suffix_min_prob: float | None = Field(None, gt=0, le=1)
@@ -107,8 +104,8 @@ class BenchmarkConfig(Strict):
     ablation_growth: float = Field(1.1, gt=1)
     asd: AsdSettings = AsdSettings()
     humaneval_timeout_s: float = Field(5.0, gt=0)
-    # which goals the report checks: issue 5's for PACER on the block drafter, or issue 18's for
-    # the served default (the fastest lossless method measured)
+    # which goals the report checks: PACER on the block drafter's, or the served default's (the
+    # fastest lossless method measured)
     goals: Literal["pacer", "default"] = "pacer"
     out_dir: str = "docs/benchmarks/engine"
     quick_out_dir: str = "docs/benchmarks/engine-quick"
@@ -162,16 +159,8 @@ def asd_settings(cfg: BenchmarkConfig) -> AsdSettings:
                                                               in ASD_FLAT.items() if k in found})
 
 
-def table(cfg: BenchmarkConfig, p: PacerSettings, asd: AsdSettings, drafter_block: int = 8,
-          dflash_block: int | None = None) -> list[Method]:
-    suffix = {} if cfg.suffix_min_prob is None else {"suffix_min_prob": cfg.suffix_min_prob}
-    return method_table(cfg.fixed_gammas, cfg.ngram_gamma, cfg.prompt_lookup_tokens,
-                        cfg.heuristic_initial, p, asd.knobs(), asd.budgets, drafter_block,
-                        dflash_block, cfg.ablation_growth, suffix)
-
-
 def check_methods(cfg: BenchmarkConfig) -> list[str]:
-    names = [m.name for m in table(cfg, cfg.pacer, cfg.asd)]
+    names = [m.name for m in method_table(cfg, cfg.pacer, cfg.asd)]
     chosen = cfg.methods if cfg.methods is not None else names
     unknown = [m for m in chosen if m not in names]
     if unknown:
@@ -284,7 +273,7 @@ def check(cfg: BenchmarkConfig) -> Plan:
     check_tokenizer(cfg.prompts, cfg.target, "benchmark.prompts")
     block = BlockDrafter.read_config(refs["drafter"])[0].block_size
     dflash = refs["drafter_dflash"] and BlockDrafter.read_config(refs["drafter_dflash"])[0].block_size
-    methods = [m for m in table(cfg, p, asd, block, dflash and min(dflash, block))
+    methods = [m for m in method_table(cfg, p, asd, block, dflash and min(dflash, block))
                if m.name in names]
     missing = {m.name: why[m.needs] for m in methods if m.needs and refs[m.needs] is None}
     return Plan(refs, [m for m in methods if m.name not in missing], missing, prompts, p, asd,

@@ -1,24 +1,16 @@
-"""The engine harness: how much faster each method decodes the same target.
+"""The engine harness: how much faster each method (``bench.methods``) decodes the same target.
 
     python -m bench.engine --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
 
-Workloads: a fixed HumanEval subset (the first N problems by task number) and held-out ShareGPT
-chat prompts (a seeded choice), both from the corpus's ``benchmark`` split (chat-templated
-prompt ids; never training data). Methods (``bench.methods``): our engine with no
-drafter (``ar``, the baseline), HF ``generate`` greedy and with prompt lookup, our n-gram
-drafter, fixed windows, the heuristic schedule, PACER, PACER + ASD at several budgets, and the
-ablations (PACER without position embedding, PACER's threshold growth rho against rho = 1, the
-DFlash-loss drafter).
-A method whose optional model is not configured is reported as not measured, never estimated.
-
-Everything runs in this process, sequentially (no Ray: timing must not share cores with other
-benchmark work), interleaved per prompt. Numbers and their definitions: ``bench.metrics``.
-Outputs in ``out_dir``: ``results.json``, ``results.md`` and PNG plots, all also logged as the
-artifacts of one MLflow run. ``--quick`` runs 3 HumanEval + 2 ShareGPT prompts, once, at most 64
-new tokens, into ``quick_out_dir``, so that it never overwrites a full run. Every timed call is
-journaled to ``out_dir/records.jsonl`` as it completes: rerunning the same command after an
-interruption continues where it stopped. Bad input (a missing file, an unknown method) fails
-before any model loads.
+Every method on the same prompts (``bench.config``: a HumanEval subset and held-out ShareGPT
+chat prompts from the corpus's ``benchmark`` split), in this process, sequentially (no Ray:
+timing must not share cores), interleaved per prompt; a method whose optional model is not
+configured is reported as not measured, never estimated. Numbers and their definitions:
+``bench.metrics``. Outputs in ``out_dir``: ``results.json``, ``results.md`` and PNG plots, also
+logged as the artifacts of one MLflow run. ``--quick`` runs 3 HumanEval + 2 ShareGPT prompts,
+once, at most 64 new tokens, into ``quick_out_dir``. Every timed call is journaled to
+``out_dir/records.jsonl`` as it completes (``bench.journal``): rerunning the same command after
+an interruption continues where it stopped. Bad input fails before any model loads.
 """
 
 from __future__ import annotations
@@ -49,7 +41,8 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     engines = {m.engine for m in plan.methods if m.engine}
     models = bm.load_models(plan.refs, engines, cfg.dtype, cfg.device)
     run = bm.runners(plan.methods, models, plan.prompts, cfg.max_new_tokens, cfg.warm_outputs)
-    bm.warm_up(run, plan.prompts[0], cfg.warmup_tokens)
+    for runner in run.values():  # one untimed call each
+        runner(plan.prompts[0].ids, cfg.warmup_tokens)
     key = fingerprint(cfg.model_dump(), [p.id for p in plan.prompts],
                       inputs(plan.methods, plan.refs))
     journal = Journal(Path(cfg.out_dir) / "records.jsonl", key)
@@ -60,11 +53,11 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     summary = summarise(records, plan.methods)
     if "humaneval" in summary:
         decode = lambda ids: models.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        scores = pass_at_1(records, decode, cfg.humaneval_timeout_s, cfg.progress)
-        for name, score in scores.items():
+        for name, score in pass_at_1(records, decode, cfg.humaneval_timeout_s,
+                                     cfg.progress).items():
             summary["humaneval"][name]["pass_at_1"] = score
-    likelihood = mean_log_likelihood(records, plan.prompts, models.hf_model, cfg.progress)
-    for (w, name), value in likelihood.items():
+    for (w, name), value in mean_log_likelihood(records, plan.prompts, models.hf_model,
+                                                cfg.progress).items():
         summary[w][name]["target_log_likelihood"] = value
     return summary
 
@@ -91,31 +84,21 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
     if dpace is None:
         missing.setdefault("dflash_fixed",
                            f"not measured: no fixed window drafts {gamma} tokens per round")
+    # the default is held to the plain decoding it must reproduce (its own dtype's)
+    reference = next((m.reference for m in plan.methods if m.name == default), "ar")
     made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
             + dtype_claims(),
-            "goals": default_goals(default, reference(plan, default)) if cfg.goals == "default"
+            "goals": default_goals(default, reference) if cfg.goals == "default"
             else goals(asd, fixed, dpace)}
     return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
             for kind, cs in made.items()}
-
-
-def reference(plan: Plan, name: str | None) -> str:
-    """The plain decoding that method ``name`` must reproduce (its own dtype's)."""
-    return next((m.reference for m in plan.methods if m.name == name), "ar")
-
-
-def default_method(plan: Plan, summary: dict) -> str | None:
-    """The fastest lossless method that our engine (so the server) runs: the served default."""
-    from bench.metrics import fastest_lossless
-
-    return fastest_lossless(summary, [m.name for m in plan.methods
-                                      if m.strict and m.engine not in (None, "plain")])
 
 
 def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                  quick: bool) -> dict:
     from bench import report
     from bench.methods import reset_peak_rss
+    from bench.metrics import fastest_lossless
 
     meta = {"date": report.now(), "command": command, "quick": quick,
             "machine": report.machine(cfg.device), "git": git_state(),
@@ -131,7 +114,9 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                for m in plan.methods}
     workloads = {w: {"prompts": [p.id for p in plan.prompts if p.workload == w],
                      "methods": per_method} for w, per_method in summary.items()}
-    default = default_method(plan, summary)
+    # the served default: the fastest lossless method that our engine (so the server) runs
+    default = fastest_lossless(summary, [m.name for m in plan.methods
+                                         if m.strict and m.engine not in (None, "plain")])
     return {"meta": meta, "methods": methods, "not_measured": plan.missing,
             "fastest_lossless": default, "goal_set": cfg.goals,
             "workloads": workloads, **comparisons(cfg, plan, summary, default)}
@@ -188,8 +173,9 @@ def main(argv=None) -> None:
     cfg = load_config(BenchmarkConfig, args.config, args.set)
     if args.quick:
         cfg = cfg.quick()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    results = run(cfg, "python -m bench.engine " + " ".join(argv), args.quick)
+    from bench.report import command
+
+    results = run(cfg, command("bench.engine", argv), args.quick)
     for w, x in results["workloads"].items():
         for name, m in x["methods"].items():
             ratio = "-" if m["ratio_to_ar"] is None else f"{m['ratio_to_ar']:.2f}x ar"

@@ -1,17 +1,12 @@
-"""The engine benchmark's methods, the models behind them, and the interleaved measurement.
+"""The engine harness's methods, the models behind them, and the interleaved measurement.
 
-A ``Method`` is a name and a recipe: either our engine (one of a few ``Engine``s, each a target
-plus a drafter side) with ``SpecSettings`` fields, or HF ``model.generate`` with extra generation
-settings. Every model is loaded once; engines that need the same drafter share it, and every
-engine shares the one HF target model (``TargetModel`` wrappers differ only in which layers they
-tap). Methods whose optional model is not configured are left out by the caller and reported as
-not measured.
-
-``measure`` runs in the calling process, one generation at a time: for each repeat, for each
-prompt, every method on that prompt, the order rotated from prompt to prompt so that machine
-drift hits every method alike. Each call is timed on the wall clock, and the process's peak RSS
-is reset before it and read after it (Linux ``/proc``; None elsewhere). With a journal
-(``bench.journal``) every call is saved as it completes and a rerun skips the saved ones.
+A ``Method`` is a name and a recipe: our engine (an ``Engine``: a target and a drafter side) with
+``SpecSettings`` fields, or HF ``model.generate`` with generation settings. Every model loads
+once: engines share drafters and the one HF target (``TargetModel`` wrappers differ only in the
+layers they tap). ``measure`` runs one generation at a time: per repeat, per prompt, every method,
+the order rotated from prompt to prompt so that machine drift hits every method alike; each call
+timed on the wall clock, the process's peak RSS reset before it and read after it (Linux
+``/proc``; None elsewhere), and saved to the journal (``bench.journal``), whose calls a rerun skips.
 """
 
 from __future__ import annotations
@@ -77,43 +72,42 @@ class Record:
     peak_rss_mb: float | None
 
 
-def method_table(fixed_gammas: list[int], ngram_gamma: int, lookup_tokens: int,
-                 heuristic_initial: int, p: PacerSettings, asd: dict, asd_budgets: list[float],
-                 drafter_block: int, dflash_block: int | None,
-                 ablation_growth: float = 1.1, suffix: dict | None = None) -> list[Method]:
-    """Every method, in report order. ``asd``: the ASD methods' flat keys but the budget
-    (asd_gate, asd_max_exceptions, ...). ``drafter_block`` is B of the main block drafter, which
-    drafts at most B - 1 tokens per pass (the engine caps any longer window at that)."""
-    cap = drafter_block - 1
+def method_table(cfg, p: PacerSettings, asd, drafter_block: int = 8,
+                 dflash_block: int | None = None) -> list[Method]:
+    """Every method of ``cfg`` (a ``bench.config.BenchmarkConfig``), in report order, with PACER's
+    settings ``p`` and the ASD controls ``asd`` (``AsdSettings``). ``drafter_block`` is B of the
+    main block drafter, which drafts at most B - 1 tokens per pass (the engine caps any longer
+    window at that)."""
+    lookup, gamma, first = cfg.prompt_lookup_tokens, cfg.ngram_gamma, cfg.heuristic_initial
+    knobs, budgets = asd.knobs(), asd.budgets
+    cap, dflash = drafter_block - 1, (dflash_block or drafter_block) - 1
     methods = [
         Method("ar", "plain", note="our engine, no drafter: the baseline"),
         Method("ar_bf16", "plain_bf16", strict=False,
                note="our engine in bfloat16, no drafter (another dtype: not lossless vs ar)"),
         Method("hf_generate", None, note="HF generate, greedy"),
-        Method("hf_prompt_lookup", None, {"prompt_lookup_num_tokens": lookup_tokens},
-               note=f"HF generate, prompt_lookup_num_tokens={lookup_tokens}"),
-        Method("ngram", "ngram", fixed(ngram_gamma), note=f"our n-gram drafter, gamma {ngram_gamma}"),
+        Method("hf_prompt_lookup", None, {"prompt_lookup_num_tokens": lookup},
+               note=f"HF generate, prompt_lookup_num_tokens={lookup}"),
+        Method("ngram", "ngram", fixed(gamma), note=f"our n-gram drafter, gamma {gamma}"),
     ]
-    for g in fixed_gammas:
+    for g in cfg.fixed_gammas:
         note = f"gamma {g}" if g <= cap else f"gamma {g}, capped at B-1 = {cap} by the drafter"
         methods.append(Method(f"fixed_{g}", "main", fixed(g), note=note))
-    heuristic = {"policy": "heuristic", "gamma": heuristic_initial, "max_draft": p.max_draft}
+    heuristic = {"policy": "heuristic", "gamma": first, "max_draft": p.max_draft}
+    rho = rho_ablation(p, cfg.ablation_growth)
     methods += [
-        Method("heuristic", "main", heuristic, note=f"HF's schedule from {heuristic_initial}"),
+        Method("heuristic", "main", heuristic, note=f"HF's schedule from {first}"),
         Method("pacer", "main", pacer(p), note=pacer_note(p)),
-    ]
-    methods += asd_methods("pacer", "main", pacer(p), asd, asd_budgets)
-    rho = rho_ablation(p, ablation_growth)
-    methods += [
+        *asd_methods("pacer", "main", pacer(p), knobs, budgets),
         Method("pacer_no_position", "no_position", pacer(p), needs="preverifier_no_position",
                note="PACER, pre-verifier without position embedding"),
         Method("pacer_rho_ablation", "main", pacer(rho),
                note=f"{pacer_note(rho)}: PACER with rho = {rho.growth:g} (the ablation)"),
+        Method("dflash_fixed", "dflash", fixed(dflash), needs="drafter_dflash",
+               note=f"DFlash-loss drafter, gamma {dflash} (B-1)"),
     ]
-    g = (dflash_block or drafter_block) - 1
-    methods.append(Method("dflash_fixed", "dflash", fixed(g), needs="drafter_dflash",
-                          note=f"DFlash-loss drafter, gamma {g} (B-1)"))
-    return methods + suffix_methods(p, asd, asd_budgets, suffix or {})
+    suffix = {} if cfg.suffix_min_prob is None else {"suffix_min_prob": cfg.suffix_min_prob}
+    return methods + suffix_methods(p, knobs, budgets, suffix)
 
 
 def asd_methods(strict: str, engine: str, settings: dict, asd: dict,
@@ -169,58 +163,48 @@ class Models:
 def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
                 device: str) -> Models:
     """Load each model once and build the engines in ``engines``. refs: target, drafter,
-    preverifier, drafter_dflash, preverifier_no_position (local paths, or None if absent)."""
+    preverifier, drafter_dflash, preverifier_no_position, suffix_index (local paths, or None if
+    absent). The suffix drafters are cold (the offline index only); the warm one gets the other
+    prompts' outputs per call (``warm_runner``)."""
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_drafter, load_preverifier, target_taps
+    from specdec.models.hybrid import HybridDrafter
     from specdec.models.ngram import NgramDrafter
+    from specdec.models.suffix import SuffixConfig, SuffixDrafter
+    from specdec.models.suffix_index import SuffixIndex
     from specdec.models.target import TargetModel
 
     base = TargetModel.from_pretrained(refs["target"], dtype=dtype, device=device)
+    bf16 = (TargetModel.from_pretrained(refs["target"], dtype="bfloat16", device=device)
+            if engines & BF16_ENGINES else None)
+    index = SuffixIndex.load(refs["suffix_index"]) if refs.get("suffix_index") else None
 
     def tapped(ref: str) -> TargetModel:  # the same HF model, tapping what ``ref`` reads
         return TargetModel(base.model, base.tokenizer, target_taps(ref))
 
-    out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
-    bf16 = (TargetModel.from_pretrained(refs["target"], dtype="bfloat16", device=device)
-            if engines & BF16_ENGINES else None)
-    if "plain_bf16" in engines:
-        out["plain_bf16"] = Engine(bf16)
-    if engines & {"main", "no_position", "hybrid"}:
-        target = tapped(refs["drafter"])
-        drafter = load_drafter(refs["drafter"], target, dtype)
-        out["main"] = Engine(target, drafter, load_preverifier(refs["preverifier"], drafter))
-        if "no_position" in engines:
-            pre = load_preverifier(refs["preverifier_no_position"], drafter)
-            out["no_position"] = Engine(target, drafter, pre)
-    if "dflash" in engines:
-        target = tapped(refs["drafter_dflash"])
-        out["dflash"] = Engine(target, load_drafter(refs["drafter_dflash"], target, dtype))
-    if engines & SUFFIX_ENGINES:
-        out |= suffix_engines(refs, engines, base, out.get("main"), bf16)
-    return Models(out, base.model, base.tokenizer, sorted(base.eos_token_ids))
-
-
-def suffix_engines(refs: dict, engines: set[str], base, main, bf16=None) -> dict:
-    """Cold suffix drafters (the offline index only) for suffix, suffix_warm, suffix_bf16 (on
-    ``bf16``, the target in bfloat16) and hybrid; the warm one gets the other prompts' outputs
-    per call (``warm_runner``)."""
-    from specdec.engine.engine import Engine
-    from specdec.models.hybrid import HybridDrafter
-    from specdec.models.suffix import SuffixConfig, SuffixDrafter
-    from specdec.models.suffix_index import SuffixIndex
-
-    index = SuffixIndex.load(refs["suffix_index"]) if refs.get("suffix_index") else None
-
     def cold() -> SuffixDrafter:
         return SuffixDrafter(base.vocab_size, SuffixConfig(online=False), index)
 
-    out = {k: Engine(base, cold()) for k in ("suffix", "suffix_warm") if k in engines}
+    out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
+    out |= {k: Engine(base, cold()) for k in ("suffix", "suffix_warm") if k in engines}
+    if "plain_bf16" in engines:
+        out["plain_bf16"] = Engine(bf16)
     if "suffix_bf16" in engines:
         out["suffix_bf16"] = Engine(bf16, cold())
-    if "hybrid" in engines:
-        hybrid = HybridDrafter(cold(), main.draft_worker.draft_model, main.draft_worker.preverifier)
-        out["hybrid"] = Engine(main.target_worker.target_model, hybrid)
-    return out
+    if engines & {"main", "no_position", "hybrid"}:
+        target = tapped(refs["drafter"])
+        drafter = load_drafter(refs["drafter"], target, dtype)
+        pre = load_preverifier(refs["preverifier"], drafter)
+        out["main"] = Engine(target, drafter, pre)
+        if "no_position" in engines:
+            out["no_position"] = Engine(
+                target, drafter, load_preverifier(refs["preverifier_no_position"], drafter))
+        if "hybrid" in engines:
+            out["hybrid"] = Engine(target, HybridDrafter(cold(), drafter, pre))
+    if "dflash" in engines:
+        target = tapped(refs["drafter_dflash"])
+        out["dflash"] = Engine(target, load_drafter(refs["drafter_dflash"], target, dtype))
+    return Models(out, base.model, base.tokenizer, sorted(base.eos_token_ids))
 
 
 # ---- one timed call -------------------------------------------------------------------------
@@ -277,13 +261,6 @@ def warm_runner(engine, settings: dict, prompts: list[Prompt], outputs: dict[str
     return warm
 
 
-def greedy_outputs(engine, prompts: list[Prompt], n: int) -> dict[str, list[int]]:
-    """The target's greedy output of every prompt (strict SD serves exactly these)."""
-    from specdec.engine.settings import GenerationParams
-
-    return {p.id: engine.generate(p.ids, GenerationParams(n)).token_ids for p in prompts}
-
-
 def recorded_outputs(path: str, prompts: list[Prompt]) -> dict[str, list[int]]:
     """Greedy outputs recorded earlier ({prompt id: token ids}); every prompt must be there."""
     outputs = json.loads(Path(path).read_text())
@@ -296,12 +273,16 @@ def recorded_outputs(path: str, prompts: list[Prompt]) -> dict[str, list[int]]:
 def runners(methods: list[Method], models: Models, prompts: list[Prompt] | None = None,
             max_new_tokens: int = 0, warm_outputs: str | None = None) -> dict[str, Runner]:
     """A runner per method; suffix_warm first gets every prompt's greedy output (recorded in
-    ``warm_outputs``, else computed untimed)."""
+    ``warm_outputs``, else computed untimed: strict SD serves exactly these)."""
+    from specdec.engine.settings import GenerationParams
+
     out = {}
     for m in methods:
         if m.engine == "suffix_warm":
-            outputs = (recorded_outputs(warm_outputs, prompts) if warm_outputs else
-                       greedy_outputs(models.engines["plain"], prompts, max_new_tokens))
+            plain = models.engines["plain"]
+            outputs = recorded_outputs(warm_outputs, prompts) if warm_outputs else {
+                p.id: plain.generate(p.ids, GenerationParams(max_new_tokens)).token_ids
+                for p in prompts}
             out[m.name] = warm_runner(models.engines[m.engine], m.settings, prompts, outputs)
         elif m.engine:
             out[m.name] = engine_runner(models.engines[m.engine], m.settings)
@@ -333,11 +314,6 @@ def peak_rss_mb() -> float | None:
 
 
 # ---- the measurement ------------------------------------------------------------------------
-def warm_up(run: dict[str, Runner], prompt: Prompt, tokens: int) -> None:
-    for runner in run.values():
-        runner(prompt.ids, tokens)
-
-
 def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner],
             max_new_tokens: int, repeats: int, progress: bool = True,
             journal=None) -> list[Record]:

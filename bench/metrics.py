@@ -37,13 +37,15 @@ from bench import humaneval
 from bench.methods import Method, Record
 
 
+def tokens_per_s(records) -> float:
+    seconds = sum(r.seconds for r in records)
+    return sum(len(r.tokens) for r in records) / seconds if seconds else 0.0
+
+
 def speed(records: list[Record]) -> list[float]:
     """tokens/s of each repeat, in repeat order."""
-    sums: dict[int, list[float]] = defaultdict(lambda: [0, 0.0])
-    for r in records:
-        sums[r.repeat][0] += len(r.tokens)
-        sums[r.repeat][1] += r.seconds
-    return [t / s if s else 0.0 for _, (t, s) in sorted(sums.items())]
+    repeats = sorted({r.repeat for r in records})
+    return [tokens_per_s([r for r in records if r.repeat == k]) for k in repeats]
 
 
 def best_speed(records: list[Record]) -> float:
@@ -52,8 +54,7 @@ def best_speed(records: list[Record]) -> float:
     for r in records:
         if r.prompt not in best or r.seconds < best[r.prompt].seconds:
             best[r.prompt] = r
-    seconds = sum(r.seconds for r in best.values())
-    return sum(len(r.tokens) for r in best.values()) / seconds if seconds else 0.0
+    return tokens_per_s(best.values())
 
 
 def engine_counts(records: list[Record]) -> dict:
@@ -104,12 +105,11 @@ def method_metrics(records: list[Record], reference: dict, m: Method) -> dict:
 
 def summarise(records: list[Record], methods: list[Method]) -> dict[str, dict[str, dict]]:
     """workload -> method -> metrics; ``ratio_to_ar`` added where ``ar`` was measured."""
-    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
-    for r in records:
-        groups[(r.workload, r.method)].append(r)
     names = {m.reference for m in methods}
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     references: dict[str, dict] = defaultdict(dict)  # reference method -> (w, prompt, repeat) -> tokens
     for r in records:
+        groups[(r.workload, r.method)].append(r)
         if r.method in names:
             references[r.method][(r.workload, r.prompt, r.repeat)] = r.tokens
     workloads = list(dict.fromkeys(r.workload for r in records))
@@ -190,19 +190,16 @@ def claims(asd_methods: dict[str, str], fixed_methods: list[str], dpace_fixed: s
         Comparison("D-PACE vs DFlash loss: mean accepted length at gamma B-1", mal,
                    dpace_fixed or "dflash_fixed", ("dflash_fixed",)),
         Comparison("PACER vs the best fixed gamma: tokens/s", tps, "pacer", tuple(fixed_methods)),
-        Comparison("PACER vs PACER without position embedding: tokens/s", tps, "pacer",
-                   ("pacer_no_position",)),
-        Comparison("PACER vs PACER without position embedding: mean accepted length", mal,
-                   "pacer", ("pacer_no_position",)),
-        Comparison("PACER, growing threshold (rho > 1) vs rho = 1: tokens/s", tps, grown,
-                   (constant,)),
-        Comparison("PACER, growing threshold (rho > 1) vs rho = 1: mean accepted length", mal,
-                   grown, (constant,)),
+        *(Comparison(f"{title}: {what}", metric, num, (den,))
+          for title, num, den in (("PACER vs PACER without position embedding", "pacer",
+                                   "pacer_no_position"),
+                                  ("PACER, growing threshold (rho > 1) vs rho = 1", grown, constant))
+          for metric, what in ((tps, "tokens/s"), (mal, "mean accepted length"))),
     ]
     for m, strict in asd_methods.items():
-        out.append(Comparison(f"{m} vs {strict} strict: tokens/s", tps, m, (strict,)))
-        out.append(Comparison(f"{m} vs {strict} strict: HumanEval pass@1 (points)", "pass_at_1",
-                              m, (strict,), ("humaneval",), points=True))
+        out += [Comparison(f"{m} vs {strict} strict: tokens/s", tps, m, (strict,)),
+                Comparison(f"{m} vs {strict} strict: HumanEval pass@1 (points)", "pass_at_1",
+                           m, (strict,), ("humaneval",), points=True)]
     return out
 
 
@@ -218,14 +215,13 @@ def fastest_lossless(summary: dict, candidates: list[str]) -> str | None:
             return None
         return statistics.geometric_mean(ratios)
 
-    scored = {name: score(name) for name in candidates}
-    scored = {k: v for k, v in scored.items() if v is not None}
+    scored = {k: v for k in candidates if (v := score(k)) is not None}
     return max(scored, key=scored.get) if scored else None
 
 
 def default_goals(default: str | None, reference: str = "ar") -> list[Comparison]:
-    """Issue 18's goals for the served default, the fastest lossless method of the run, against
-    ``reference``: the plain decoding of its own dtype."""
+    """The served default's goals (``goals: default``): the fastest lossless method of the run
+    against ``reference``, the plain decoding of its own dtype."""
     tps, name = "tokens_per_s", default or "(no lossless method)"
     return [
         Comparison(f"the default ({name}) >= 2.5x {reference} on HumanEval", tps, name,
@@ -247,6 +243,7 @@ def dtype_claims() -> list[Comparison]:
 
 
 def goals(asd_methods: dict[str, str], fixed_methods: list[str], dpace_fixed: str | None) -> list[Comparison]:
+    """PACER on the block drafter's goals (``goals: pacer``)."""
     tps = "tokens_per_s"
     out = [
         Comparison("PACER >= 2.5x AR on HumanEval", tps, "pacer", ("ar",), ("humaneval",), 2.5),
@@ -255,9 +252,9 @@ def goals(asd_methods: dict[str, str], fixed_methods: list[str], dpace_fixed: st
                    minimum=1.10),
     ]
     for m, strict in asd_methods.items():
-        out.append(Comparison(f"{m} >= 1.05x {strict} strict", tps, m, (strict,), minimum=1.05))
-        out.append(Comparison(f"{m}: HumanEval pass@1 within 1.0 point of AR", "pass_at_1", m,
-                              ("ar",), ("humaneval",), minimum=-1.0, points=True))
+        out += [Comparison(f"{m} >= 1.05x {strict} strict", tps, m, (strict,), minimum=1.05),
+                Comparison(f"{m}: HumanEval pass@1 within 1.0 point of AR", "pass_at_1", m,
+                           ("ar",), ("humaneval",), minimum=-1.0, points=True)]
     out += [
         Comparison("D-PACE >= 1.05x DFlash loss in mean accepted length", "mean_accepted_length",
                    dpace_fixed or "dflash_fixed", ("dflash_fixed",), minimum=1.05),

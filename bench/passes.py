@@ -11,8 +11,7 @@ sweep compares any two ways of running the target:
 - prefills of each prompt length alone;
 
 every arm in turn, so the machine's drift falls on all alike, with the largest logit difference
-between the arms' last outputs. ``bench.ceiling`` and ``bench.draft_caps`` price their models on
-the same timer.
+between the arms' last outputs. ``bench.ceiling`` prices the served loop on the same timer.
 
     python -m bench.passes --arm 'default={}' --arm 'torch={"linears": "torch"}' \\
         --passes 1x1 8x1 8x4 16x1 --prompts 100 --context 160 --out DIR
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from bench.report import machine_line, now, write
+from bench.report import command, machine_line, now, write
 
 
 def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -> dict[str, float]:
@@ -147,11 +146,12 @@ def main(argv=None) -> None:
     arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o}, kv_slots=running + 1),
                          running, args.context) for name, o in options.items()}
     result = {"date": now(), "machine": machine_line(), "arms": options,
-              "command": "python -m bench.passes " + " ".join(argv or []),
+              "command": command("bench.passes", argv),
               **sweep(arms, shapes, args.prompts)}
-    print("\n".join(table(result, list(arms), args.context)))
+    md = "\n".join(table(result, list(arms), args.context)) + "\n"
+    print(md, end="")
     if args.out:
-        write(args.out, "passes", result, "\n".join(table(result, list(arms), args.context)) + "\n")
+        write(args.out, "passes", result, md)
 
 
 if __name__ == "__main__":

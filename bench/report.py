@@ -1,9 +1,11 @@
-"""The engine benchmark's report: machine facts and the Markdown of one run's results.
+"""What the three harnesses' reports share, and the engine harness's Markdown.
 
-``results`` is the dict written to ``results.json``: ``meta`` (date, command, machine, commit,
-settings), ``methods`` (name -> what it runs), ``not_measured`` (name -> why), ``workloads``
-(workload -> prompt ids and method -> metrics), ``claims`` and ``goals`` (rows from
-``bench.metrics.evaluate``).
+Shared: ``machine`` (one machine description; ``machine_line`` is it in one line), ``now``,
+``command`` (the command line a result records), ``write`` (the one report writer: JSON and its
+Markdown) and ``goal_rows`` (a served goal set as a table). The engine's ``results`` is the dict
+written to ``results.json``: ``meta`` (date, command, machine, commit, settings), ``methods``
+(name -> what it runs), ``not_measured`` (name -> why), ``workloads`` (workload -> prompt ids and
+method -> metrics), ``claims`` and ``goals`` (rows from ``bench.metrics.evaluate``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -26,8 +29,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-
-def machine(device: str) -> dict:
+def machine(device: str = "cpu") -> dict:
     import torch
 
     info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
@@ -40,16 +42,22 @@ def machine(device: str) -> dict:
 
 
 def machine_line() -> str:
-    """``machine``'s facts in one line, for the harnesses' reports."""
-    import torch
+    """``machine``'s facts in one line, for the served and passes reports."""
+    m = machine()
+    return f"{m['cpu']}, {m['cores']} CPU cores, {m['torch_threads']} threads, torch {m['torch']}"
 
-    return (f"{cpu_model()}, {os.cpu_count()} CPU cores, {torch.get_num_threads()} threads, "
-            f"torch {torch.__version__}")
+
+def now(fmt: str = "%Y-%m-%d %H:%M:%S %Z") -> str:
+    return time.strftime(fmt)
+
+
+def command(module: str, argv: list[str] | None) -> str:
+    """``python -m MODULE ARGS`` as it ran (``argv`` None: this process's arguments)."""
+    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
 def write(out: Path, stem: str, result: dict, md: str | None = None, indent: int = 2) -> list[Path]:
-    """The one report writer: ``out/STEM.json`` (the result) and, given its Markdown,
-    ``out/STEM.md``; the paths written."""
+    """``out/STEM.json`` (the result) and, given its Markdown, ``out/STEM.md``; the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.json"]
     paths[0].write_text(json.dumps(result, indent=indent, default=str) + "\n")
@@ -59,11 +67,16 @@ def write(out: Path, stem: str, result: dict, md: str | None = None, indent: int
     return paths
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z")
+def goal_rows(goals: dict, measured: str = "measured", target: str = "target") -> list[str]:
+    """Goals ``{name: {value, goal, met, lower_is_better?}}`` as a Markdown table."""
+    lines = [f"| goal | {measured} | {target} | met |", "| --- | --- | --- | --- |"]
+    for name, g in goals.items():
+        sign = "<=" if g.get("lower_is_better") else ">="
+        lines.append(f"| {name} | {g['value']:.2f} | {sign} {g['goal']} | {g['met']} |")
+    return lines
 
 
-# ---- Markdown -------------------------------------------------------------------------------
+# ---- the engine harness's Markdown ----------------------------------------------------------
 def _num(x, fmt: str = ".2f") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -75,27 +88,20 @@ def _pct(x) -> str:
 COLUMNS = ("method | tokens/s | vs ar | best-of-repeats tok/s | mean acc. len | "
            "target passes /100 tok | drafter | pre-verifier | target | overhead | peak RSS MB | "
            "same as ar | target log-lik./tok | regret /req | pass@1 | draft sources (rounds)")
+GOAL_SETS = {"pacer": "PACER on the block drafter", "default": "the served default"}
 
 
 def method_row(name: str, m: dict) -> str:
-    share = m.get("time_share") or {}
+    share, mix = m.get("time_share") or {}, m.get("draft_sources")
     cells = [name, _num(m["tokens_per_s"]), _num(m.get("ratio_to_ar")),
              _num(m.get("tokens_per_s_best")), _num(m.get("mean_accepted_length")),
              _num(m.get("target_passes_per_100_tokens"), ".1f"),
-             _pct(share.get("drafter")), _pct(share.get("preverifier")), _pct(share.get("target")),
-             _pct(share.get("overhead")), _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
+             *(_pct(share.get(k)) for k in ("drafter", "preverifier", "target", "overhead")),
+             _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
              _num(m.get("target_log_likelihood"), ".4f"),
              _num(m.get("regret_per_request")) if not m["strict"] else "-",
-             _pct(m.get("pass_at_1")), sources(m.get("draft_sources"))]
+             _pct(m.get("pass_at_1")), ", ".join(f"{k} {v}" for k, v in mix.items()) if mix else "-"]
     return "| " + " | ".join(cells) + " |"
-
-
-def sources(mix: dict | None) -> str:
-    return ", ".join(f"{k} {v}" for k, v in mix.items()) if mix else "-"
-
-
-GOAL_SETS = {"pacer": "issue 5: PACER on the block drafter",
-             "default": "issue 18: the served default"}
 
 
 def workload_table(name: str, w: dict) -> list[str]:
@@ -114,18 +120,15 @@ def comparison_rows(rows: list[dict], goal: bool) -> list[str]:
         "| claim | workload | measured | against |"
     lines = [head, "|" + " --- |" * (5 if goal else 4)]
     for r in rows:
-        unit = " points" if r["points"] else ""
-        if r["value"] is None:
-            value, against = r.get("note", "not measured"), "-"
-        else:
+        value, last = r.get("note", "not measured"), "-"
+        if r["value"] is not None:
+            unit = " points" if r["points"] else ""
             value = f"{r['value']:.3f}{unit} ({r['num_value']:.3g} vs {r['den_value']:.3g})"
-            against = r["denominator"]
+            last = r["denominator"]
         if goal:
             result = "-" if r["passed"] is None else ("pass" if r["passed"] else "MISS")
-            lines.append(f"| {r['title']} | {r['workload']} | {value} | "
-                         f"{_num(r['minimum'], 'g')} | {result} |")
-        else:
-            lines.append(f"| {r['title']} | {r['workload']} | {value} | {against} |")
+            last = f"{_num(r['minimum'], 'g')} | {result}"
+        lines.append(f"| {r['title']} | {r['workload']} | {value} | {last} |")
     return lines
 
 
@@ -142,17 +145,12 @@ def markdown(results: dict) -> str:
         f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "
         f"{repeats}, methods interleaved per prompt.", "",
         "tokens/s: per repeat, the workload's tokens over the summed wall time of its calls "
-        "(prefill included); "
-        "median over repeats. Time shares come from the engine's own timers (HF generate has "
-        "none). Peak RSS: the process's peak during the method's calls, with every model "
-        "loaded. Mean accepted length: tokens committed per verify round.", "",
+        "(prefill included); median over repeats. Time shares come from the engine's own timers "
+        "(HF generate has none). Peak RSS: the process's peak during the method's calls, with "
+        "every model loaded. Mean accepted length: tokens committed per verify round.", "",
         "## Methods", "",
-    ]
-    lines += [f"- `{n}`: {m['note']}" for n, m in results["methods"].items()]
-    lines += [f"- `{n}`: {why}" for n, why in results["not_measured"].items()]
-    lines.append("")
-    lines.append("## Results")
-    lines.append("")
+        *(f"- `{n}`: {m['note']}" for n, m in results["methods"].items()),
+        *(f"- `{n}`: {why}" for n, why in results["not_measured"].items()), "", "## Results", ""]
     for name, w in results["workloads"].items():
         lines += workload_table(name, w)
     lines += ["## Research claims", ""] + comparison_rows(results["claims"], goal=False)
