@@ -58,6 +58,8 @@ class EvaluateConfig(Strict):
     target: str = "smollm2-135m"
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     device: Device = "cpu"  # each actor's (actors.num_gpus > 0: its GPU is cuda)
+    # positions a request's KV slot holds (the target's plan); None: what memory allows
+    max_model_len: int | None = Field(None, ge=1)
     drafter: str  # directory or models:/NAME@ALIAS
     preverifier: str | None = None  # directory or models:/NAME@ALIAS; needed for PACER
     prompts: str  # the benchmark split
@@ -101,7 +103,7 @@ class Evaluator:
         self.cfg = EvaluateConfig.model_validate(config)
         torch.set_num_threads(self.cfg.actors.torch_threads)
         pair = load_pair(self.cfg.target, refs["drafter"], refs["preverifier"], self.cfg.dtype,
-                         self.cfg.device)
+                         self.cfg.device, max_model_len=self.cfg.max_model_len)
         self.engine = Engine(pair.target, pair.drafter, pair.preverifier)
         self.settings = settings
 
@@ -206,7 +208,7 @@ def run(cfg: EvaluateConfig) -> dict:
     out: dict = {}
     with start_run(cfg.mlflow, "evaluate"):
         log_params(cfg.model_dump())
-        log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype))
+        log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype, max_model_len=cfg.max_model_len))
         settings = [fixed(g) for g in cfg.fixed_gammas]
         if cfg.sweep:
             max_draft = (cfg.pacer or PacerSettings()).max_draft

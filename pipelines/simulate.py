@@ -28,6 +28,8 @@ class SimulateConfig(Strict):
     target: str = "smollm2-135m"
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     device: Device = "cpu"  # each actor's (actors.num_gpus > 0: its GPU is cuda)
+    # positions a request's KV slot holds (the target's plan); None: what memory allows
+    max_model_len: int | None = Field(None, ge=1)
     drafter: str  # block-drafter directory or models:/NAME@ALIAS
     prompts: str  # a corpus split (Parquet)
     limit: int | None = None  # prompts to use
@@ -55,7 +57,7 @@ class Simulator:
         self.cfg = SimulateConfig.model_validate(config)
         torch.set_num_threads(self.cfg.actors.torch_threads)
         self.pair = load_pair(self.cfg.target, drafter_dir, dtype=self.cfg.dtype,
-                              device=self.cfg.device)
+                              device=self.cfg.device, max_model_len=self.cfg.max_model_len)
         self.verifier = make_verifier(self.cfg.verifier.name, **self.cfg.verifier.params())
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -86,7 +88,7 @@ def run(cfg: SimulateConfig) -> Path:
         raise FileNotFoundError(f"simulate.drafter {cfg.drafter!r} is not a block-drafter checkpoint")
     with start_run(cfg.mlflow, "simulate"):
         log_params(cfg.model_dump())
-        log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype))
+        log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype, max_model_len=cfg.max_model_len))
         table = map_prompts(prompts, Simulator, {"config": cfg.model_dump(), "drafter_dir": drafter_dir},
                             cfg.actors, STEPS_SCHEMA)
         meta = {"specdec.drafter": cfg.drafter, "specdec.verifier": json.dumps(cfg.verifier.params()

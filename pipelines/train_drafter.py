@@ -161,9 +161,11 @@ def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[
 
     if init_dir:
         config, _ = BlockDrafter.read_config(init_dir)
-        target = TargetModel.from_pretrained(cfg.target, cfg.dtype, config.tap_layers, device)
+        target = TargetModel.from_pretrained(cfg.target, cfg.dtype, config.tap_layers, device,
+                                             max_model_len=cfg.max_seq_len)
         return target, BlockDrafter.load(init_dir, target)
-    probe = TargetModel.from_pretrained(cfg.target, cfg.dtype, device=device)
+    probe = TargetModel.from_pretrained(cfg.target, cfg.dtype, device=device,
+                                        max_model_len=cfg.max_seq_len)
     d = cfg.drafter
     config = BlockDrafterConfig.for_target(probe, block_size=d.block_size,
                                            num_layers=d.num_layers, num_taps=d.num_taps,
@@ -538,7 +540,8 @@ def run(cfg: TrainDrafterConfig) -> dict:
     init_dir = preflight(cfg)
     with start_run(cfg.mlflow, "train_drafter") as run_:
         log_params(cfg.model_dump())
-        log_plan(cfg.target, RuntimeConfig("cuda" if cfg.scaling.use_gpu else "cpu", cfg.dtype))
+        log_plan(cfg.target, RuntimeConfig("cuda" if cfg.scaling.use_gpu else "cpu", cfg.dtype,
+                                           max_model_len=cfg.max_seq_len))
         if cfg.resume:
             log_offline_metrics(cfg)
         result = fit(cfg, run_, init_dir, tracking_uri(cfg.mlflow))

@@ -7,7 +7,8 @@ config (a top-level ``target``). Each names a target and its runtime knobs (``dt
 device: a serve app's target actor is on a GPU when ``target_resources.num_gpus > 0``; a
 pipeline's when its ``device`` says so, or its actors or workers take GPUs. A pipeline's
 target holds ``actors.batch_size`` requests at once (else ``kv_slots``, else
-``PIPELINE_SLOTS``). Only the model's config is read, never its weights.
+``PIPELINE_SLOTS``) of ``max_model_len`` positions (a drafter's training: ``max_seq_len``). Only
+the model's config is read, never its weights.
 """
 
 from __future__ import annotations
@@ -85,5 +86,6 @@ def pipeline(doc: dict, source: str) -> Planned:
     gpu = actors.get("num_gpus", 0) > 0 or scaling.get("use_gpu", False)
     device = doc.get("device") or ("cuda" if gpu else "cpu")
     slots = actors.get("batch_size") or doc.get("kv_slots") or PIPELINE_SLOTS
+    sized = {"max_model_len": doc["max_seq_len"]} if "max_seq_len" in doc else {}
     return Planned(source, doc["target"],
-                   RuntimeConfig(device=device, slots=slots, **knobs(doc)))
+                   RuntimeConfig(device=device, slots=slots, **(sized | knobs(doc))))
