@@ -179,11 +179,11 @@ def required_ref(key: str, ref: str, tracking_uri: str | None) -> str:
     if not Path(path).exists():
         raise FileNotFoundError(f"benchmark.{key}: {path} does not exist (train the default "
                                 f"pair with `make train-default`, or point {key} at a checkpoint)")
-    ok = BlockDrafter.is_checkpoint(path) if "drafter" in key else \
-        (Path(path) / "preverifier.json").is_file()
-    if not ok:
-        what = "block-drafter" if "drafter" in key else "pre-verifier"
-        raise ValueError(f"benchmark.{key}: {path} is not a {what} checkpoint")
+    drafter = "drafter" in key
+    if not (BlockDrafter.is_checkpoint(path) if drafter
+            else (Path(path) / "preverifier.json").is_file()):
+        raise ValueError(f"benchmark.{key}: {path} is not a "
+                         f"{'block-drafter' if drafter else 'pre-verifier'} checkpoint")
     return path
 
 

@@ -10,7 +10,8 @@ turns a reply into what the harness appends to the problem's prompt:
   function has only a docstring for a body, so it is complete; the reply's definition replaces
   it); other code is taken as the body that continues the prompt (the completion format).
 
-``prompts`` is the one loader of raw HumanEval prompts. ``passes`` runs the problem's tests on it in a child process with a timeout (the harness's
+``prompts`` is the one loader of raw HumanEval prompts (the served and passes harnesses').
+``passes`` runs the problem's tests on a reply in a child process with a timeout (the harness's
 ``check_correctness``). It is not a sandbox beyond what the harness does: run it only on
 completions from models you trust to that degree.
 """
@@ -42,14 +43,10 @@ def prompts(n: int) -> list[str]:
     return [problems()[k]["prompt"] for k in sorted(problems(), key=task_number)[:n]]
 
 
-def extract_code(reply: str) -> str:
-    match = FENCE.search(reply)
-    return match.group(1) if match else reply
-
-
 def program(problem: dict, reply: str) -> str:
     """The completion to append to ``problem["prompt"]`` for the harness."""
-    code = extract_code(reply)
+    match = FENCE.search(reply)
+    code = match.group(1) if match else reply
     if re.search(rf"^\s*def\s+{re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE):
         return "\n" + code
     return code
