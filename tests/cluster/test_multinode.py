@@ -42,11 +42,15 @@ def nodes():
     if ray.is_initialized():  # the session's cluster: every test that used it has run
         serve.shutdown()
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
-                                                            "include_dashboard": True})
-    ids = {name: cluster.add_node(num_cpus=3, resources={name: 1, "worker": 1}).node_id
-           for name in WORKERS}
-    cluster.wait_for_nodes()
+    with pytest.MonkeyPatch.context() as env:
+        # no idle workers started ahead on each raylet: on two cores they slow the start down
+        env.setenv("RAY_enable_worker_prestart", "0")
+        env.setenv("RAY_prestart_worker_first_driver", "0")
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
+                                                                "include_dashboard": True})
+        ids = {name: cluster.add_node(num_cpus=3, resources={name: 1, "worker": 1}).node_id
+               for name in WORKERS}
+        cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     yield ids
     serve.shutdown()
