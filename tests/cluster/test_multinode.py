@@ -176,6 +176,8 @@ class NodeSimulator:
 def test_data_pipeline_runs_blocks_on_both_worker_nodes(served, nodes, tiny_dirs):
     """Two simulation actors of 1.5 CPUs: with a replica's 1.25 CPUs on each 3-CPU worker and 1
     CPU on the head, one fits on each worker node. Their rows are those of one process."""
+    import ray.data
+
     from pipelines.common.formats import STEPS_SCHEMA
     from pipelines.common.pools import ActorSettings, map_prompts
     from pipelines.simulate import Simulator
@@ -185,8 +187,16 @@ def test_data_pipeline_runs_blocks_on_both_worker_nodes(served, nodes, tiny_dirs
     rows = [{"id": f"p{i}", "prompt_ids": tokenizer(p)["input_ids"]} for i, p in enumerate(PROMPTS)]
     config = simulate_config(tiny_dirs, size=2)
     schema = STEPS_SCHEMA.append(pa.field("node", pa.string()))
-    table = map_prompts(rows, NodeSimulator, {"config": config, "drafter_dir": tiny_dirs["drafter"]},
-                        ActorSettings(size=2, num_cpus=1.5), schema)
+    context = ray.data.DataContext.get_current()
+    # blocks go to the actors that are up: start both before the first block, or the first one
+    # up may take them all
+    waited, context.wait_for_min_actors_s = context.wait_for_min_actors_s, 120
+    try:
+        table = map_prompts(rows, NodeSimulator, {"config": config,
+                                                  "drafter_dir": tiny_dirs["drafter"]},
+                            ActorSettings(size=2, num_cpus=1.5), schema)
+    finally:
+        context.wait_for_min_actors_s = waited
     assert set(table.column("node").to_pylist()) == set(nodes.values())
     local = Simulator(simulate_config(tiny_dirs, size=1), tiny_dirs["drafter"])(pa.Table.from_pylist(rows))
     served_rows = table.drop_columns(["node"]).to_pylist()
