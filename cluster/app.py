@@ -4,7 +4,8 @@ are applied.
 ``build_app(args)`` validates ``args`` against ``cluster.schema.ServeArgs`` and binds one
 deployment, the HTTP ingress that orchestrates rounds (``cluster.server.Server``). Its replica
 starts the target and drafter actors with ``spawn_actors`` at construction, so the actors live
-and die with it. YAML names the builder by import path::
+and die with it; each replica reserves one placement group for itself and its actors
+(``cluster.placement``). YAML names the builder by import path::
 
     serve run configs/serve/local.yaml
     serve run cluster.app:build_app target=smollm2-135m drafter=ngram
@@ -19,6 +20,7 @@ from ray import serve
 
 from actors.drafter import DrafterActor
 from actors.target import TargetActor
+from cluster import placement
 from cluster.metrics import ServeMetrics
 from cluster.orchestrator import CONTROL_GROUP
 from cluster.schema import Resources, ServeArgs
@@ -40,11 +42,18 @@ def runtime_env(args: ServeArgs) -> dict:
     return {"env_vars": {"MLFLOW_TRACKING_URI": args.mlflow_tracking_uri}}
 
 
-def actor_options(resources: Resources, args: ServeArgs) -> dict:
-    # A crashed actor restarts (reloading its model) without end; calls are not retried, since
-    # the restarted actor holds no per-request state: the requests in flight fail, later ones run.
-    return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
-            "max_restarts": -1, "max_task_retries": 0, "runtime_env": runtime_env(args)}
+def actor_options(resources: Resources, args: ServeArgs, bundle: int | None = None) -> dict:
+    """Ray options of an actor with ``resources``, started in ``bundle`` of the caller's placement
+    group when one is given (``cluster.placement.in_bundle``)."""
+    # A crashed actor restarts (reloading its model) without end, in the same bundle; calls are
+    # not retried, since the restarted actor holds no per-request state: the requests in flight
+    # fail, later ones run.
+    options = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus,
+               "resources": dict(resources.resources), "max_restarts": -1,
+               "max_task_retries": 0, "runtime_env": runtime_env(args)}
+    if resources.accelerator_type is not None:
+        options["accelerator_type"] = resources.accelerator_type
+    return options | (placement.in_bundle(bundle) if bundle is not None else {})
 
 
 def actor_class(cls: type, calls: int = 1):
@@ -62,22 +71,22 @@ def device_of(resources: Resources) -> str:
 
 def spawn_actors(args: ServeArgs):
     """Start the target actor and, for a drafter that runs in an actor of its own (see
-    ``ServeArgs.drafter_placement``), the drafter actor; return both handles (None: no drafter
-    actor)."""
+    ``ServeArgs.drafter_placement``), the drafter actor, each in its bundle of the replica's
+    placement group; return both handles (None: no drafter actor)."""
     ttl = args.limits.idle_ttl_s
     batching, calls = args.batching.actor_config(), args.limits.kv_slots + 8
     local = ({"drafter": args.drafter, "suffix": args.suffix.model_dump()}
              if args.drafter_on_target else None)
     target_actor = actor_class(TargetActor, calls).options(
-        **actor_options(args.target_resources, args)).remote(
+        **actor_options(args.target_resources, args, placement.TARGET_BUNDLE)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
         batching, local, args.attention, args.linears, args.kv_cache_dtype, args.max_model_len,
         args.backend)
-    if args.drafter == "none" or local is not None:
+    if not args.drafter_actor:
         return target_actor, None
     drafter_actor = actor_class(DrafterActor, calls).options(
-        **actor_options(args.drafter_resources, args)).remote(
+        **actor_options(args.drafter_resources, args, placement.DRAFTER_BUNDLE)).remote(
         args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
         ttl, device_of(args.drafter_resources), args.suffix.model_dump(), args.block_drafter,
         batching)
@@ -130,11 +139,16 @@ def build_app(args: dict) -> serve.Application:
     limit = config.limits.max_concurrent_requests
     replicas = ({"autoscaling_config": config.autoscaling_config}
                 if config.autoscaling_config is not None else {"num_replicas": config.num_replicas})
+    bundles = placement.bundles(config)
+    if config.check_placement and ray.is_initialized():
+        placement.check(bundles, config.placement_strategy, placement.alive_nodes())
     deployment = serve.deployment(
         serve.ingress()(ServedServer), name="specdec", **replicas,
         # Serve lets a few more in than the limit, so the server itself answers them with a
         # JSON 503 instead of Serve queueing them.
         max_ongoing_requests=limit + 8,
         ray_actor_options={"num_cpus": config.server_num_cpus, "runtime_env": runtime_env(config)},
+        placement_group_bundles=[b.resources for b in bundles],
+        placement_group_strategy=config.placement_strategy,
     )
     return deployment.bind(config.model_dump(), spawn_actors)

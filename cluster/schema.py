@@ -11,9 +11,17 @@ HTTP body's ``speculative`` field) is derived from the algorithms' configs
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from actors.scheduler import BatchingConfig
 from specdec.algorithms.policies import POLICIES
@@ -38,6 +46,20 @@ class Resources(Strict):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     threads: PositiveInt = 1  # torch.set_num_threads in the actor (Ray sets OMP to 1 otherwise)
+    # Ray custom resources the actor needs (a node offers them: `ray start --resources`), e.g.
+    # {"node_a": 1}: they pin an actor, and with it its replica's placement group, to such nodes
+    resources: dict[str, Annotated[float, Field(ge=0)]] = {}
+    # Ray's accelerator type of the node's GPUs (e.g. "H100", "A100", "L4"); None: any
+    accelerator_type: str | None = None
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        built_in = sorted({"CPU", "GPU", "memory", "object_store_memory"} & set(value))
+        if built_in:
+            raise ValueError(f"resources holds Ray custom resources only, not {built_in} "
+                             "(set num_cpus / num_gpus)")
+        return value
 
 
 # Speculative settings: the policy and verifier names, every flat key (``FLAT``:
@@ -125,6 +147,13 @@ class ServeArgs(Strict):
     # for those, actor for the others).
     drafter_placement: Literal["auto", "actor", "target"] = "auto"
     server_num_cpus: float = Field(0.5, ge=0)  # the ingress/orchestrator replica
+    # How a replica's placement group (its own bundle, its target's, its drafter's: see
+    # cluster.placement) lies on the nodes: STRICT_PACK all on one node (no network hop per
+    # round), PACK one node if it can, SPREAD over nodes if it can.
+    placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD"] = "STRICT_PACK"
+    # Refuse at build time a placement group that no node alive can hold (naming the bundle);
+    # false on a cluster whose autoscaler starts the nodes it needs on demand.
+    check_placement: bool = True
     limits: Limits = Limits()
     batching: Batching = Batching()
     # Serve replicas of the app; each runs its own target and drafter actors. A number, or
@@ -165,6 +194,11 @@ class ServeArgs(Strict):
     def drafter_on_target(self) -> bool:
         """Whether the target actor runs the drafter itself (see ``drafter_placement``)."""
         return self.drafter_placement != "actor" and runs_no_model(self.drafter)
+
+    @property
+    def drafter_actor(self) -> bool:
+        """Whether the drafter runs in an actor of its own."""
+        return self.drafter != "none" and not self.drafter_on_target
 
     @property
     def served_model_id(self) -> str:

@@ -67,8 +67,15 @@ def ray_cluster():
     yield ray
     from ray import serve
 
-    serve.shutdown()
-    ray.shutdown()
+    if ray.is_initialized():  # tests/cluster/test_multinode.py replaces it with its own cluster
+        serve.shutdown()
+        ray.shutdown()
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked ``multinode`` run last: their module shuts the session's Ray cluster down
+    and starts one of several nodes (stable sort: the others keep their order)."""
+    items.sort(key=lambda item: item.get_closest_marker("multinode") is not None)
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cluster import placement
 from cluster.app import check_source
 from cluster.schema import ServeArgs
 from tests.k8s.strict_k8s import build, quantities
@@ -154,23 +156,62 @@ def worker_nodes(spec: dict, resource: str) -> list[float]:
             for g in spec.get("workerGroupSpecs", []) for _ in range(g.get("minReplicas", 0))]
 
 
-def test_worker_gpus_cover_the_actors_gpu_shares():
+def ray_offer(group: dict) -> dict[str, float]:
+    """What Ray sees on a pod of ``group``: its CPU and GPU limits and the custom resources of
+    its ``rayStartParams`` (KubeRay's quoted JSON: '"{\\"name\\": 1}"')."""
+    offer = {"CPU": limits(group["template"]).get("cpu", 0.0),
+             "GPU": limits(group["template"]).get("nvidia.com/gpu", 0.0)}
+    custom = group.get("rayStartParams", {}).get("resources")
+    return offer | (json.loads(json.loads(custom)) if custom else {})
+
+
+def place(groups: list[list[placement.Bundle]], strategy: str, nodes: list[dict]) -> bool:
+    """First fit, as Ray reserves placement groups: each group's bundles all on one node under
+    STRICT_PACK, bundle by bundle otherwise."""
+    free = [dict(n) for n in nodes]
+
+    def take(need: dict[str, float]) -> bool:
+        node = next((n for n in free if placement.fits(need, n)), None)
+        for name, amount in need.items() if node is not None else ():
+            node[name] -= amount
+        return node is not None
+
+    for bundles in groups:
+        needs = [b.resources for b in bundles]
+        if strategy == "STRICT_PACK":
+            needs = [{k: sum(n.get(k, 0.0) for n in needs) for k in set().union(*needs)}]
+        if not all(take(need) for need in needs):
+            return False
+    return True
+
+
+def test_worker_pods_hold_every_replicas_placement_group():
+    """Each replica's placement group (replica, target and drafter bundles) lands on the worker
+    pods the cluster starts with, the builder's own check passes on them, and the target's
+    torch threads fit its CPUs."""
     (_, service), = of_kind("RayService")
     spec = service["spec"]["rayClusterConfig"]
+    nodes = [ray_offer(g) for g in spec.get("workerGroupSpecs", [])
+             for _ in range(g.get("minReplicas", 0))]
     for app in serve_config()["applications"]:
         args = ServeArgs.model_validate(app["args"])
-        gpus = [args.target_resources.num_gpus]
-        cpus = [args.target_resources.num_cpus, args.server_num_cpus]
-        if args.drafter != "none":
-            gpus.append(args.drafter_resources.num_gpus)
-            cpus.append(args.drafter_resources.num_cpus)
+        bundles = placement.bundles(args)
         assert args.target_resources.num_gpus >= 1  # the target on a whole GPU
         scaling = args.autoscaling_config or {}
         replicas = scaling.get("min_replicas", 1) if scaling else args.num_replicas
-        assert pack(gpus * replicas, worker_nodes(spec, "nvidia.com/gpu"))  # each replica its own actors
-        assert pack(cpus * replicas, worker_nodes(spec, "cpu"))
-        # the actors' torch threads fit the CPUs Ray gives them
+        placement.check(bundles, args.placement_strategy, nodes)
+        assert place([bundles] * replicas, args.placement_strategy, nodes)
         assert args.target_resources.threads <= max(args.target_resources.num_cpus, 1)
+
+
+def test_placement_fails_when_the_pods_are_too_small():
+    """The same placement on 1-GPU workers does not fit under STRICT_PACK: the check names it."""
+    (_, service), = of_kind("RayService")
+    args = ServeArgs.model_validate(serve_config()["applications"][0]["args"])
+    small = [{"CPU": 4.0, "GPU": 1.0, "specdec-replica": 1.0}] * 2
+    assert not place([placement.bundles(args)], "STRICT_PACK", small)
+    with pytest.raises(ValueError, match="STRICT_PACK .* 1.5 GPU"):
+        placement.check(placement.bundles(args), "STRICT_PACK", small)
 
 
 def test_serve_proxy_listens_in_the_pod_and_the_key_comes_from_a_secret():
