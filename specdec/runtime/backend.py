@@ -94,6 +94,7 @@ class Backend:
     name = "torch"
     rows: int | None = None  # batch invariance by pieces of at most this many rows (None: off)
     reads_float16_caches = False  # float32 passes may keep float16 KV caches
+    runs_codes = False  # its linears run the GGUF's blocks (``linear``'s ``blocks``)
 
     def __init__(self, attention: Attention | None = None):
         self.attention = attention or Attention()

@@ -186,7 +186,7 @@ class Linears:
         """The blocks of these weights stacked by rows, or None unless all have them in one
         format."""
         parts = [self.blocks.get(n) for n in names]
-        if None in parts or len({p.format for p in parts}) != 1:
+        if not self.backend.runs_codes or None in parts or len({p.format for p in parts}) != 1:
             return None
         return Blocks(parts[0].format, torch.cat([p.data for p in parts]))
 

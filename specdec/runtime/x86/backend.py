@@ -31,6 +31,7 @@ class X86Backend(Backend):
         self.plan = plan
         self.invariant_by_pieces = plan.batch_invariant and plan.dtype == "bfloat16"
         self.reads_float16_caches = plan.attention == "kernel"
+        self.runs_codes = plan.linears in ("int8", "quantized")
         self.fused = plan.fused
 
     def linear(self, w: torch.Tensor, bias, blocks=None, name: str = "") -> Linear:
