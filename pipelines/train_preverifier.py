@@ -243,7 +243,7 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
             train_loop_config={"config": cfg.model_dump(), "run_id": run_.info.run_id,
                                "tracking_uri": tracking_uri(cfg.mlflow)},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
-                                         resources_per_worker={"CPU": s.cpus_per_worker}),
+                                         resources_per_worker=s.worker_resources()),
             run_config=RunConfig(name=f"train_preverifier-{run_.info.run_id[:8]}",
                                  storage_path=str((cfg.output() / "ray").absolute()),
                                  failure_config=FailureConfig(max_failures=s.max_failures)),
