@@ -1,5 +1,5 @@
-"""Data-parallel training: two Ray Train workers (gloo on CPU) train what one trains with the same
-global batch, and a run that loses a worker resumes from its last checkpoint and ends where an
+"""Data-parallel training, helpers and checks: two Ray Train workers (gloo on CPU) train what
+one trains with the same global batch, and a run that loses a worker resumes from its last checkpoint and ends where an
 uninterrupted run ends (``pipelines.common.global_batch``, ``pipelines.common.faults``).
 
 Each job runs twice: once in the driver (one worker, ``num_workers: 0``), once with two workers
@@ -17,8 +17,9 @@ anchors, a gradient averaged as a mean of the workers' means, a lost or doubled 
 gradient, a resumed run drawing the batches of other steps) changes a loss of these tiny
 models by a relative 1e-2 or more in the first steps.
 
-The same helpers run the two-worker jobs with one worker on each of two nodes in
-tests/cluster/test_multinode.py; here they share the session's one-node cluster.
+The runs themselves are in tests/cluster/test_multinode.py, on a cluster of several nodes, with
+one worker on each of two nodes (``run_preverifier_pair``, ``run_drafter_pair``); here are the
+helpers and the config check.
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ from pipelines.common.faults import MARKER
 from pipelines.common.formats import STEPS_SCHEMA
 from pipelines.common.tables import write_table
 from tests.pipelines.conftest import config
-from tests.pipelines.test_train_drafter import drafter_config, tiny_corpus  # noqa: F401
-
-pytestmark = pytest.mark.slow
+from tests.pipelines.test_train_drafter import drafter_config
 
 RTOL = 1e-4  # see the module docstring
 STEPS, EVERY, FAIL_AT = 6, 2, 3  # the last worker dies before 0-based step 3: resume at 2
@@ -118,14 +117,6 @@ def run_drafter_pair(store, tiny_llama, corpus: str, root, scaling: dict) -> tup
                history(store["tracking_uri"], two["run_id"], "loss"))
     assert checkpoints.read_state(checkpoints.latest(root / "two"))["step"] == STEPS
     return one, two
-
-
-def test_preverifier_two_workers_train_as_one(ray_session, store):
-    run_preverifier_pair(store, store["root"] / "dp-preverifier", two_workers())
-
-
-def test_drafter_two_workers_train_as_one(ray_session, store, tiny_llama, tiny_corpus):  # noqa: F811
-    run_drafter_pair(store, tiny_llama, tiny_corpus, store["root"] / "dp-drafter", two_workers())
 
 
 def test_the_global_batch_must_split_over_the_workers(store, tmp_path):
