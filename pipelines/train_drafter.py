@@ -9,8 +9,10 @@ while recomputing them costs one no-grad target forward per step.
 
 Runs as ``python -m pipelines.train_drafter --config configs/train/train_drafter.yaml``; Ray
 Train ``TorchTrainer`` with ``ScalingConfig`` from the config (``num_workers: 0`` runs the loop
-in the driver). With several workers each reads its shard of sequences and gradients are
-averaged with an all-reduce.
+in the driver). With several workers a step's global batch of ``batch_size`` sequences is
+drawn the same on every worker and each computes its slice of it (``pipelines.common.global_batch``);
+the gradients, normalised by the global batch's loss normaliser, are averaged with an all-reduce,
+so W workers train what one worker trains with the same ``batch_size``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from pipelines.common.config import (
     load_config,
     target_name,
 )
+from pipelines.common.faults import maybe_fail
 from pipelines.common.formats import CORPUS_SCHEMA, check_tokenizer
+from pipelines.common.global_batch import global_rows, global_sum, step_generator, worker_slots
 from pipelines.common.tables import read_table
 from specdec.algorithms.losses import LOSSES
 
@@ -79,7 +83,7 @@ class TrainDrafterConfig(Strict):
     # accepted-length estimate on them, the honest one (on training text it counts memorisation)
     heldout_sequences: int = Field(0, ge=0)
     eval_every: int = Field(100, ge=1)
-    batch_size: int = Field(4, ge=1)  # sequences per step and worker
+    batch_size: int = Field(4, ge=1)  # sequences per step, over all workers (split evenly)
     anchors_per_sequence: int = Field(24, ge=1)
     max_seq_len: int = Field(256, ge=3)
     lr: float = 3e-4
@@ -90,12 +94,19 @@ class TrainDrafterConfig(Strict):
     seed: int = 0
     checkpoint_every: int = Field(100, ge=1)
     resume: bool = False  # continue from the newest checkpoint in run_dir
-    fail_at_step: int | None = None  # fault injection (tests): a worker dies once at this step
+    fail_at_step: int | None = None  # fault injection (tests): the last worker dies once here
     scaling: Scaling = Scaling()
     mlflow: MlflowSettings = MlflowSettings()
 
     def output(self) -> Path:
         return Path(self.run_dir) if self.run_dir else default_output("train_drafter")
+
+    @model_validator(mode="after")
+    def _batch_splits(self):
+        from pipelines.common.global_batch import check_divisible
+
+        check_divisible(self.batch_size, self.scaling.num_workers)
+        return self
 
     @model_validator(mode="after")
     def _dflash_gamma(self):
@@ -141,13 +152,6 @@ def split_heldout(texts: list[Text], n: int, seed: int) -> tuple[list[Text], lis
             [t for i, t in enumerate(texts) if i in held])
 
 
-def shard(sequences: list[Text], rank: int, world: int) -> list[Text]:
-    mine = sequences[rank::world]
-    if not mine:
-        raise ValueError(f"no corpus sequence for rank {rank} of {world}")
-    return mine
-
-
 # ---- models -------------------------------------------------------------------------------------
 
 def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[Text],
@@ -187,19 +191,21 @@ def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[
 # ---- one step -----------------------------------------------------------------------------------
 
 def make_batch(target, sequences: list[Text], block_size: int, anchors: int,
-               labels: str, gen: torch.Generator):
-    """-> (features [S, T, n*F], BlockBatch) for the sampled sequences, on the target's device."""
+               labels: str, gen: torch.Generator | list[torch.Generator]):
+    """-> (features [S, T, n*F], BlockBatch) for the sampled sequences, on the target's device.
+    ``gen`` draws the anchors: one generator for all sequences, or one per sequence."""
     from specdec.training.anchors import sample_anchors
     from specdec.training.block_batches import concat_blocks, distill_labels, sequence_blocks
     from specdec.training.target_features import sequence_features
 
     feats = sequence_features(target, [t.ids for t in sequences])
     greedy = feats.greedy_next.cpu() if labels == "distill" else None
+    gens = gen if isinstance(gen, list) else [gen] * len(sequences)
     parts = []
     for i, (seq, first) in enumerate(sequences):
         ids = torch.tensor(seq, dtype=torch.long)
         label_seq = distill_labels(ids, greedy[i, : len(seq)]) if greedy is not None else None
-        parts.append(sequence_blocks(ids, sample_anchors(len(seq), anchors, gen, first),
+        parts.append(sequence_blocks(ids, sample_anchors(len(seq), anchors, gens[i], first),
                                      block_size, label_seq))
     return feats.features, concat_blocks(parts).to(target.device)
 
@@ -213,7 +219,23 @@ def accepted_prefix(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Ten
     return per_pos, float(prefix)
 
 
+def loss_normaliser(loss: LossSettings, valid: torch.Tensor) -> torch.Tensor:
+    """What the loss divides its sum over blocks by on a batch with mask ``valid`` [N, B]:
+    D-PACE the number of blocks N, DFlash its decay weights summed over the valid positions
+    (the anchor column off); see ``specdec.algorithms.losses``."""
+    from specdec.algorithms.losses import default_gamma, dflash_weights
+
+    if loss.name != "dflash":
+        return torch.tensor(float(valid.shape[0]), dtype=torch.float64)
+    width = valid.shape[1]
+    w = dflash_weights(width, gamma=loss.gamma or default_gamma(width)).double()  # [B]
+    return (w[1:] * (valid[:, 1:] != 0).double().cpu()).sum()
+
+
 def train_step(net, parts, target, sequences, cfg, loss_fn, gen, world: int) -> dict:
+    """Forward and backward of this worker's ``sequences``; with ``world`` > 1 the loss is
+    rescaled to this worker's share of the global batch's normaliser and the gradients are
+    summed over the workers, so they are those of the global batch's loss."""
     from specdec.training.drafter_forward import block_logits, draft_labels
 
     features, batch = make_batch(target, sequences, net.c.block_size, cfg.anchors_per_sequence,
@@ -221,15 +243,20 @@ def train_step(net, parts, target, sequences, cfg, loss_fn, gen, world: int) -> 
     logits, _ = block_logits(net, parts, features, batch)
     labels, valid = draft_labels(net, batch.labels, batch.valid)
     loss = loss_fn(logits, labels, valid)
+    if world > 1:
+        # loss = sum / n_r; the global loss is sum_r sum_r' / sum_r n_r = sum_r loss_r * share_r
+        share = loss_normaliser(cfg.loss, valid) / global_sum(loss_normaliser(cfg.loss, valid),
+                                                              world)
+        loss = loss * share.to(loss.dtype).to(loss.device)
     loss.backward()
-    if world > 1:  # average gradients across workers
+    if world > 1:  # sum this worker's share of the gradient over the workers
         for p in net.parameters():
             if p.grad is not None:
                 torch.distributed.all_reduce(p.grad)
-                p.grad /= world
     norm = torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
     per_pos, prefix = accepted_prefix(logits.detach(), labels, valid)
-    metrics = {"loss": float(loss.detach()), "grad_norm": float(norm), "accept_len_est": 1 + prefix}
+    metrics = {"loss": float(global_sum(loss.detach(), world)), "grad_norm": float(norm),
+               "accept_len_est": 1 + prefix}
     metrics |= {f"acc_pos_{j}": float(per_pos[j]) for j in range(1, per_pos.shape[0])}
     return metrics
 
@@ -249,7 +276,8 @@ def lr_at(cfg: TrainDrafterConfig, step: int, total: int) -> float:
 
 @dataclass
 class Loop:
-    """Everything one worker's steps need."""
+    """Everything one worker's steps need (``sequences``: every training sequence; a worker
+    computes its slots of each step's global batch)."""
 
     cfg: TrainDrafterConfig
     target: object
@@ -282,7 +310,7 @@ def setup(cfg: TrainDrafterConfig, start_dir: Path | None, init_dir: str | None,
         ckpt.load_optimizer(opt, start_dir)
     parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
     return Loop(cfg, target, drafter, opt, parts, make_loss(cfg.loss.name, **cfg.loss.params()),
-                shard(corpus, rank, world), heldout, start, rank, world)
+                corpus, heldout, start, rank, world)
 
 
 @torch.no_grad()
@@ -311,14 +339,16 @@ def heldout_metrics(loop: Loop) -> dict:
 
 def one_step(loop: Loop, step: int, total: int) -> dict:
     cfg = loop.cfg
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + loop.rank)
-    pick = torch.randint(len(loop.sequences), (cfg.batch_size,), generator=gen).tolist()
+    rows = global_rows(cfg.seed, step, len(loop.sequences), cfg.batch_size)  # [batch_size]
+    slots = worker_slots(cfg.batch_size, loop.rank, loop.world)
+    gens = [step_generator(cfg.seed, step, slot + 1) for slot in slots]  # each slot's anchors
     lr = lr_at(cfg, step, total)
     for group in loop.opt.param_groups:
         group["lr"] = lr
     loop.opt.zero_grad(set_to_none=True)
     metrics = train_step(loop.drafter.net, loop.parts, loop.target,
-                         [loop.sequences[i] for i in pick], cfg, loop.loss_fn, gen, loop.world)
+                         [loop.sequences[int(rows[s])] for s in slots], cfg, loop.loss_fn, gens,
+                         loop.world)
     loop.opt.step()
     if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
         metrics |= heldout_metrics(loop)
@@ -335,33 +365,6 @@ def write_checkpoint(loop: Loop, step: int, metrics: dict, run_id: str) -> Path:
 
 # ---- the Ray Train loop -------------------------------------------------------------------------
 
-def restore(cfg: TrainDrafterConfig, run_id: str) -> Path | None:
-    """The checkpoint to continue from: Ray's (after a worker failure), else the newest in the
-    run directory when it belongs to this run (a restart whose last report Ray never received,
-    e.g. a worker killed right after reporting) or when ``resume`` is set."""
-    import ray.train
-
-    given = ray.train.get_checkpoint()
-    if given is not None:
-        return Path(given.path)
-    newest = ckpt.latest(cfg.output())
-    if newest and (cfg.resume or ckpt.read_state(newest).get("run_id") == run_id):
-        return newest
-    return None
-
-
-def maybe_fail(cfg: TrainDrafterConfig, step: int) -> None:
-    """Fault injection, once per run directory: a worker process dies abruptly (as if killed);
-    in the driver (num_workers 0) the loop raises instead, so the driver survives."""
-    marker = cfg.output() / ".injected-failure"
-    if cfg.fail_at_step == step and not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        if cfg.scaling.num_workers > 0:
-            os._exit(1)
-        raise RuntimeError(f"injected failure at step {step} (fail_at_step)")
-
-
 def train_loop(loop_cfg: dict) -> None:
     import mlflow
     import ray.train
@@ -371,7 +374,7 @@ def train_loop(loop_cfg: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = get_device() if cfg.scaling.use_gpu else torch.device("cpu")
-    start_dir = restore(cfg, loop_cfg["run_id"])
+    start_dir = ckpt.restore(cfg.output(), loop_cfg["run_id"], cfg.resume)
     loop = setup(cfg, start_dir, loop_cfg.get("init_dir"), rank, world, device)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
     if start_dir and loop.start >= cfg.steps:  # resumed a finished run: hand back its checkpoint
@@ -380,7 +383,7 @@ def train_loop(loop_cfg: dict) -> None:
         return
     for step in tqdm(range(loop.start, cfg.steps), desc="train_drafter", disable=rank != 0,
                      initial=loop.start, total=cfg.steps, mininterval=5):
-        maybe_fail(cfg, step)
+        maybe_fail(cfg.output(), cfg.fail_at_step, step, rank, world, cfg.scaling.num_workers > 0)
         metrics = one_step(loop, step, cfg.steps)
         if client is not None:
             log_step(client, loop_cfg["run_id"], metrics, step + 1)
@@ -514,7 +517,7 @@ def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, tracking: str):
         train_loop_config={"config": cfg.model_dump(), "run_id": run.info.run_id,
                            "tracking_uri": tracking, "init_dir": init_dir},
         scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
-                                     resources_per_worker={"CPU": s.cpus_per_worker}),
+                                     resources_per_worker=s.worker_resources()),
         run_config=RunConfig(name=f"train_drafter-{run.info.run_id[:8]}",
                              storage_path=str((cfg.output() / "ray").absolute()),
                              failure_config=FailureConfig(max_failures=s.max_failures)),

@@ -5,6 +5,12 @@ requests are split into train and held-out by a hash of their id (a request neve
 the split), steps are packed whole into sequences (``specdec.training.preverifier_data``) and
 a ``PreVerifier`` is trained with binary cross-entropy in a Ray Train ``TorchTrainer``. At the
 end it reports loss, accuracy, AUC and ECE on the held-out split, with a calibration plot.
+
+With several workers (DDP) a step's global batch of ``batch_size`` packed sequences is drawn the
+same on every worker and each computes its slice (``pipelines.common.global_batch``), its loss
+divided by the global batch's count of valid tokens: W workers train what one worker trains.
+Every ``checkpoint_every`` steps the model and optimiser are checkpointed; after a worker failure
+(``scaling.max_failures``) the worker group resumes from the last one and draws the same batches.
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from tqdm import tqdm
 
+from pipelines.common import checkpoints as ckpt
 from pipelines.common.config import (
     Device,
     MlflowSettings,
@@ -28,7 +35,9 @@ from pipelines.common.config import (
     loop_device,
     target_name,
 )
+from pipelines.common.faults import maybe_fail
 from pipelines.common.formats import STEPS_SCHEMA
+from pipelines.common.global_batch import check_divisible, global_rows, global_sum, worker_slots
 from pipelines.common.tables import read_table
 
 
@@ -46,8 +55,10 @@ class TrainPreVerifierConfig(Strict):
     model: PreVerifierSettings = PreVerifierSettings()
     heldout_percent: float = Field(20.0, ge=0, lt=100)
     pack_len: int = Field(64, ge=1)
-    batch_size: int = Field(16, ge=1)  # packed sequences per step
+    batch_size: int = Field(16, ge=1)  # packed sequences per step, over all workers (split evenly)
     steps: int = Field(200, ge=1)
+    checkpoint_every: int = Field(50, ge=1)
+    fail_at_step: int | None = None  # fault injection (tests): the last worker dies once here
     lr: float = 1e-3
     seed: int = 0
     dtype: Literal["float32"] = "float32"
@@ -57,6 +68,11 @@ class TrainPreVerifierConfig(Strict):
 
     def output(self) -> Path:
         return Path(self.run_dir) if self.run_dir else default_output("train_preverifier")
+
+    @model_validator(mode="after")
+    def _batch_splits(self):
+        check_divisible(self.batch_size, self.scaling.num_workers)
+        return self
 
 
 def heldout(request: str, percent: float) -> bool:
@@ -113,37 +129,70 @@ def train_loop(loop_cfg: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent)
     device = loop_device(cfg.scaling, cfg.device)
-    train = pack_steps(train_steps[rank::world], cfg.pack_len).to(device)
+    train = pack_steps(train_steps, cfg.pack_len).to(device)  # every worker: all of it
     held = pack_steps(held_steps or train_steps, cfg.pack_len).to(device)
     m = cfg.model
     torch.manual_seed(cfg.seed)
     model = PreVerifier(PreVerifierConfig(input_size=train.hidden.shape[-1], width=m.width,
                                           heads=m.heads, max_positions=m.max_positions,
-                                          use_position=m.use_position)).to(device).train()
+                                          use_position=m.use_position))
+    start_dir = ckpt.restore(cfg.output(), loop_cfg["run_id"])
+    if start_dir:
+        model.load_state_dict(PreVerifier.load(start_dir / "preverifier").state_dict())
+    model = model.to(device).train()
     # More than one worker: DDP (Ray Train's prepare_model), which averages the gradients.
     net = prepare_model(model, move_to_device=device) if world > 1 else model
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
-    gen = torch.Generator().manual_seed(cfg.seed + rank)
+    start = ckpt.read_state(start_dir)["step"] if start_dir else 0
+    if start_dir and start < cfg.steps:
+        ckpt.load_optimizer(opt, start_dir)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
-    for step in tqdm(range(cfg.steps), desc="train_preverifier", disable=rank != 0, mininterval=5):
-        rows = torch.randint(train.hidden.shape[0], (cfg.batch_size,), generator=gen).to(device)
-        loss = train_step(net, opt, train, rows)
+    for step in tqdm(range(start, cfg.steps), desc="train_preverifier", disable=rank != 0,
+                     initial=start, total=cfg.steps, mininterval=5):
+        maybe_fail(cfg.output(), cfg.fail_at_step, step, rank, world, cfg.scaling.num_workers > 0)
+        rows = global_rows(cfg.seed, step, train.hidden.shape[0], cfg.batch_size).to(device)
+        slots = worker_slots(cfg.batch_size, rank, world)
+        loss = train_step(net, opt, train, rows, slots, world)
         if client is not None:
             client.log_metric(loop_cfg["run_id"], "train_loss", loss, step=step + 1)
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            checkpoint(model, opt, cfg.output(), step + 1, loss, loop_cfg["run_id"], rank)
     report(model, evaluate(model, held), rank)
 
 
-def train_step(net, opt, train, rows: torch.Tensor) -> float:
-    """One optimiser step of binary cross-entropy on the packed sequences ``rows`` of
-    ``train`` (``net`` wrapped in DDP averages the gradients over the workers); -> the loss."""
-    logits = net(train.hidden[rows], train.positions[rows], train.step_ids[rows])
-    valid = train.valid[rows]
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[valid],
-                                                               train.labels[rows][valid])
+def train_step(net, opt, train, rows: torch.Tensor, slots: range, world: int) -> float:
+    """One optimiser step of binary cross-entropy on the global batch ``rows`` of packed
+    sequences of ``train``, of which this worker computes ``slots``; -> the global batch's loss.
+
+    The loss is the mean over the global batch's valid tokens: this worker's sum divided by
+    their count (which every worker knows: it holds all rows), times ``world`` because DDP
+    averages the workers' gradients."""
+    valid_all = train.valid[rows]  # [batch, pack_len]
+    mine = rows[slots.start: slots.stop]
+    logits = net(train.hidden[mine], train.positions[mine], train.step_ids[mine])
+    valid = valid_all[slots.start: slots.stop]
+    total = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits[valid], train.labels[mine][valid], reduction="sum")
+    loss = total * world / valid_all.sum().clamp_min(1)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-    return float(loss.detach())
+    return float(global_sum(loss.detach(), world)) / world
+
+
+def checkpoint(model, opt, run_dir: Path, step: int, loss: float, run_id: str, rank: int) -> None:
+    """Rank 0 writes the model and optimiser at ``step`` and hands them to Ray Train."""
+    import ray.train
+
+    if rank != 0:
+        ray.train.report({"step": step, "train_loss": loss})
+        return
+    out = ckpt.step_dir(run_dir, step)
+    model.save(out / "preverifier")
+    ckpt.save_optimizer(opt, out)
+    ckpt.write_state(out, step, loss=loss, run_id=run_id)
+    ray.train.report({"step": step, "train_loss": loss},
+                     checkpoint=ray.train.Checkpoint.from_directory(out))
 
 
 def report(net, metrics: dict, rank: int) -> None:
@@ -194,7 +243,7 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
             train_loop_config={"config": cfg.model_dump(), "run_id": run_.info.run_id,
                                "tracking_uri": tracking_uri(cfg.mlflow)},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
-                                         resources_per_worker={"CPU": s.cpus_per_worker}),
+                                         resources_per_worker=s.worker_resources()),
             run_config=RunConfig(name=f"train_preverifier-{run_.info.run_id[:8]}",
                                  storage_path=str((cfg.output() / "ray").absolute()),
                                  failure_config=FailureConfig(max_failures=s.max_failures)),

@@ -58,3 +58,18 @@ def write_state(out: Path, step: int, **extra) -> None:
 
 def read_state(src: Path) -> dict:
     return json.loads((Path(src) / STATE_FILE).read_text())
+
+
+def restore(run_dir: Path, run_id: str, resume: bool = False) -> Path | None:
+    """The checkpoint a Ray Train loop continues from: Ray's (after a worker failure), else the
+    newest in ``run_dir`` when it belongs to this run (a restart whose last report Ray never
+    received, e.g. a worker killed right after reporting) or when ``resume`` is set."""
+    import ray.train
+
+    given = ray.train.get_checkpoint()
+    if given is not None:
+        return Path(given.path)
+    newest = latest(run_dir)
+    if newest and (resume or read_state(newest).get("run_id") == run_id):
+        return newest
+    return None

@@ -52,8 +52,15 @@ class Scaling(Strict):
     num_workers: int = 0  # 0 runs the train loop in the driver (fast tests)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
+    # Ray custom resources each worker asks for, e.g. {"trainer": 1} on nodes offering one each:
+    # one worker per node
+    resources_per_worker: dict[str, float] = {}
     max_failures: int = 0  # FailureConfig: worker-group restarts from the last checkpoint
     torch_threads: int = 2
+
+    def worker_resources(self) -> dict[str, float]:
+        """``ScalingConfig.resources_per_worker``: the CPUs and the custom resources."""
+        return {"CPU": self.cpus_per_worker, **self.resources_per_worker}
 
 
 def loop_device(scaling: Scaling, device: str = "cpu"):

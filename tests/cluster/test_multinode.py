@@ -7,6 +7,9 @@ tool: one raylet per node): a head that runs no replica, and two workers, ``node
   node (STRICT_PACK), one replica per node, and every output equals the engine's.
 - A Ray Data pipeline (``pipelines.simulate``'s actor class through ``map_prompts``) whose blocks
   run on both worker nodes, with the rows of a one-process run.
+- Data-parallel training of the pre-verifier and the drafter with two gloo workers, each asking
+  for a node's one ``trainer`` resource, so one on each worker node: the same losses as one
+  worker, and the same after losing a worker (tests/pipelines/test_data_parallel.py).
 
 The module replaces the session's one-node cluster (tests/conftest.py ``ray_cluster``) with its
 own, so it runs last (``multinode`` marker, ordered in tests/conftest.py).
@@ -23,6 +26,7 @@ import pytest
 import requests
 
 from tests.cluster.conftest import free_port
+from tests.pipelines.test_train_drafter import tiny_corpus  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.multinode]
 
@@ -48,7 +52,8 @@ def nodes():
         env.setenv("RAY_prestart_worker_first_driver", "0")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                                 "include_dashboard": True})
-        ids = {name: cluster.add_node(num_cpus=3, resources={name: 1, "worker": 1}).node_id
+        ids = {name: cluster.add_node(num_cpus=3, resources={name: 1, "worker": 1,
+                                                                      "trainer": 1}).node_id
                for name in WORKERS}
         cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
@@ -202,3 +207,27 @@ def test_data_pipeline_runs_blocks_on_both_worker_nodes(served, nodes, tiny_dirs
     served_rows = table.drop_columns(["node"]).to_pylist()
     assert len(served_rows) == local.num_rows > 0
     assert sorted(map(str, served_rows)) == sorted(map(str, local.to_pylist()))
+
+
+def train_worker_nodes() -> set[str]:
+    """The nodes every Ray Train worker so far ran on."""
+    from ray.util.state import list_actors
+
+    return {a.node_id for a in list_actors(detail=True, limit=10_000)
+            if a.class_name.split(":")[0] == "RayTrainWorker"}
+
+
+def test_training_two_workers_on_two_nodes_train_as_one(nodes, store, tiny_llama,
+                                                        tiny_corpus):  # noqa: F811
+    """Both jobs' two-worker runs place a worker on each worker node (one ``trainer`` each)."""
+    from tests.pipelines.test_data_parallel import (
+        run_drafter_pair,
+        run_preverifier_pair,
+        two_workers,
+    )
+
+    scaling = two_workers(resources_per_worker={"trainer": 1})
+    run_preverifier_pair(store, store["root"] / "multinode-preverifier", scaling)
+    assert train_worker_nodes() == set(nodes.values())
+    run_drafter_pair(store, tiny_llama, tiny_corpus, store["root"] / "multinode-drafter", scaling)
+    assert train_worker_nodes() == set(nodes.values())
