@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 from pydantic import Field, model_validator
@@ -36,7 +36,7 @@ from pipelines.common.config import (
     MlflowSettings,
     Scaling,
     Strict,
-    default_output,
+    TrainJob,
     load_config,
     target_name,
 )
@@ -67,7 +67,9 @@ class DrafterSettings(Strict):
     init_layer_from_target: int | None = None
 
 
-class TrainDrafterConfig(Strict):
+class TrainDrafterConfig(TrainJob):
+    JOB: ClassVar[str] = "train_drafter"
+
     target: str = "smollm2-135m"
     dtype: Literal["float32", "float64", "bfloat16"] = "float32"
     corpus: str  # train.parquet from pipelines.corpus
@@ -97,16 +99,6 @@ class TrainDrafterConfig(Strict):
     fail_at_step: int | None = None  # fault injection (tests): the last worker dies once here
     scaling: Scaling = Scaling()
     mlflow: MlflowSettings = MlflowSettings()
-
-    def output(self) -> Path:
-        return Path(self.run_dir) if self.run_dir else default_output("train_drafter")
-
-    @model_validator(mode="after")
-    def _batch_splits(self):
-        from pipelines.common.global_batch import check_divisible
-
-        check_divisible(self.batch_size, self.scaling.num_workers)
-        return self
 
     @model_validator(mode="after")
     def _dflash_gamma(self):

@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from tqdm import tqdm
 
 from pipelines.common import checkpoints as ckpt
@@ -30,14 +30,14 @@ from pipelines.common.config import (
     MlflowSettings,
     Scaling,
     Strict,
+    TrainJob,
     cli_config,
-    default_output,
     loop_device,
     target_name,
 )
 from pipelines.common.faults import maybe_fail
 from pipelines.common.formats import STEPS_SCHEMA
-from pipelines.common.global_batch import check_divisible, global_rows, global_sum, worker_slots
+from pipelines.common.global_batch import global_rows, global_sum, worker_slots
 from pipelines.common.tables import read_table
 
 
@@ -48,7 +48,9 @@ class PreVerifierSettings(Strict):
     use_position: bool = True
 
 
-class TrainPreVerifierConfig(Strict):
+class TrainPreVerifierConfig(TrainJob):
+    JOB: ClassVar[str] = "train_preverifier"
+
     target: str = "smollm2-135m"  # only names the registered model
     data: str  # steps.parquet from pipelines.simulate
     run_dir: str | None = None
@@ -65,14 +67,6 @@ class TrainPreVerifierConfig(Strict):
     device: Device = "cpu"  # the driver's (scaling.num_workers 0); a worker takes Ray's (use_gpu)
     scaling: Scaling = Scaling()
     mlflow: MlflowSettings = MlflowSettings()
-
-    def output(self) -> Path:
-        return Path(self.run_dir) if self.run_dir else default_output("train_preverifier")
-
-    @model_validator(mode="after")
-    def _batch_splits(self):
-        check_divisible(self.batch_size, self.scaling.num_workers)
-        return self
 
 
 def heldout(request: str, percent: float) -> bool:

@@ -12,10 +12,10 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, ClassVar, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 from specdec.models.registry import DEFAULT_EXPERIMENT
 from specdec.models.sources import NAMED_SOURCES, specdec_home
@@ -61,6 +61,25 @@ class Scaling(Strict):
     def worker_resources(self) -> dict[str, float]:
         """``ScalingConfig.resources_per_worker``: the CPUs and the custom resources."""
         return {"CPU": self.cpus_per_worker, **self.resources_per_worker}
+
+
+class TrainJob(Strict):
+    """A Ray Train job's config: ``batch_size`` is the step's global batch, split evenly over
+    ``scaling.num_workers`` (checked); its outputs go to ``run_dir`` (default: the job's folder
+    under $SPECDEC_HOME)."""
+
+    JOB: ClassVar[str] = ""  # the job's name, for its default output folder
+
+    def output(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else default_output(self.JOB)
+
+    @model_validator(mode="after")
+    def _batch_splits(self):
+        if self.scaling.num_workers > 1 and self.batch_size % self.scaling.num_workers:
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by "
+                             f"scaling.num_workers {self.scaling.num_workers} (it is the global "
+                             f"batch, split over the workers)")
+        return self
 
 
 def loop_device(scaling: Scaling, device: str = "cpu"):

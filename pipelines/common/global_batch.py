@@ -38,13 +38,6 @@ def worker_slots(batch: int, rank: int, world: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def check_divisible(batch: int, num_workers: int) -> None:
-    """A config check: the global batch splits evenly over ``scaling.num_workers``."""
-    if num_workers > 1 and batch % num_workers:
-        raise ValueError(f"batch_size {batch} must be divisible by scaling.num_workers "
-                         f"{num_workers} (it is the global batch, split over the workers)")
-
-
 def global_sum(value: torch.Tensor, world: int) -> torch.Tensor:
     """The sum of a scalar over the workers (an all-reduce, on the GPU under NCCL; itself with
     one worker), on ``value``'s device."""

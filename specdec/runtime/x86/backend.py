@@ -8,7 +8,7 @@ import logging
 import torch
 
 from specdec.runtime.backend import Backend, Linear
-from specdec.runtime.x86 import fused
+from specdec.runtime.x86 import fused, int8
 from specdec.runtime.x86.attention import FittedSdpa, InvariantAttention, KernelAttention
 from specdec.runtime.x86.invariance import invariant_rows
 from specdec.runtime.x86.linears import (
@@ -39,7 +39,7 @@ class X86Backend(Backend):
         if kind in ("int8", "quantized") and not decodes(w, blocks, name):
             kind = "panels"  # a weight without codes that decode to it exactly (logged)
         if kind == "int8":
-            return Int8Linear(w, bias, blocks)
+            return Int8Linear(w, bias, int8.pack(blocks, w.shape[0]))
         if kind == "quantized":
             return QuantizedLinear(w, bias, blocks)
         if kind == "panels":

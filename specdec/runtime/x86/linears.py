@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 class Int8Linear(Linear):
     kind = "int8"
 
-    def __init__(self, w, bias, blocks: Blocks):
+    def __init__(self, w, bias, codes: int8.Codes):
         super().__init__(w, bias)
-        self.codes = int8.pack(blocks, w.shape[0])
+        self.codes = codes  # ``int8.pack`` of w's GGUF blocks
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return int8.linear(x, self.codes, self.bias)
