@@ -95,7 +95,8 @@ train-default: setup
 
 # ---- benchmark peers (docs/BENCHMARKS.md; never needed to serve or test) ------------------------
 # llama.cpp's llama-server, built natively for this CPU from the llama.cpp vendored in the
-# llama-cpp-python sdist, left at $(LLAMA_SERVER) for `python -m bench.batching --llama-server`.
+# llama-cpp-python sdist; $(LLAMA_SERVER) links to it (its shared libraries stay in the build)
+# for `python -m bench.batching --llama-server`.
 PEERS        ?= .peers
 LLAMA_CPP_PY ?= 0.3.36
 LLAMA_SERVER := $(PEERS)/llama-server
@@ -109,7 +110,7 @@ $(LLAMA_SERVER):
 		PATH=$(abspath $(BIN)):$$PATH cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
 			-DGGML_NATIVE=ON -DLLAMA_CURL=OFF && \
 		PATH=$(abspath $(BIN)):$$PATH cmake --build build --target llama-server
-	cp $(PEERS)/llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp/build/bin/llama-server $@
+	ln -sf llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp/build/bin/llama-server $@
 
 lint: setup
 	$(BIN)/ruff check specdec actors cluster pipelines bench tests

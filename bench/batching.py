@@ -133,7 +133,6 @@ class LlamaServer:
         self.argv = [binary, "-m", str(gguf), "-t", str(threads), "-c", str(2048 * slots),
                      "-np", str(slots), "--host", "127.0.0.1", "--port", str(port)]
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.log = log
         with log.open("w") as f:
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
