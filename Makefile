@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export SPECDEC_HOME ?= $(CURDIR)/.specdec
 
-.PHONY: setup arctic-inference kernels test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default
+.PHONY: setup arctic-inference kernels test serve lint demo clean cluster cluster-stop mlflow-ui pipelines-tiny train-default llama-server
 
 setup: $(STAMP)
 
@@ -92,6 +92,25 @@ RECORD       ?=
 train-default: setup
 	RAY_AUTH_MODE=disabled $(BIN)/python -m pipelines.train_default --from $(FROM) \
 		$(foreach r,$(RECORD),--record $(r)) --out $(DEFAULT_PAIR)
+
+# ---- benchmark peers (docs/BENCHMARKS.md; never needed to serve or test) ------------------------
+# llama.cpp's llama-server, built natively for this CPU from the llama.cpp vendored in the
+# llama-cpp-python sdist; $(LLAMA_SERVER) links to it (its shared libraries stay in the build)
+# for `python -m bench.batching --llama-server`.
+PEERS        ?= .peers
+LLAMA_CPP_PY ?= 0.3.36
+LLAMA_SERVER := $(PEERS)/llama-server
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER):
+	mkdir -p $(PEERS)
+	$(BIN)/pip download --quiet llama-cpp-python==$(LLAMA_CPP_PY) --no-binary :all: --no-deps -d $(PEERS)
+	tar -xzf $(PEERS)/llama_cpp_python-$(LLAMA_CPP_PY).tar.gz -C $(PEERS)
+	cd $(PEERS)/llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp && \
+		PATH=$(abspath $(BIN)):$$PATH cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+			-DGGML_NATIVE=ON -DLLAMA_CURL=OFF && \
+		PATH=$(abspath $(BIN)):$$PATH cmake --build build --target llama-server
+	ln -sf llama_cpp_python-$(LLAMA_CPP_PY)/vendor/llama.cpp/build/bin/llama-server $@
 
 lint: setup
 	$(BIN)/ruff check specdec actors cluster pipelines bench tests

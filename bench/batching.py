@@ -14,9 +14,15 @@ the SD app's engine in this process (``sd_engine``: no Ray or HTTP, one prompt a
 concurrency 1, the outputs the served ones must equal); ``--variant NAME=JSON`` one more app, the
 default with those args changed (each top-level dict merged one level deep), e.g.
 ``--variant 'sd_caps={"batching": {"draft_caps": {"8": 4}}}'``; with ``"drafter": "none"`` a
-variant decodes plainly. Writes ``result.json``, ``result.md`` and ``concurrency.png``.
+variant decodes plainly. ``--peer NAME=URL`` adds an external OpenAI-compatible server already
+running there, ``--llama-server PATH`` llama.cpp's server (``make llama-server``) started here on
+the target's GGUF with the target's threads: peers get the same prompts, client and closed loop
+and sit in the same tables, but decode in their own numerics, so their outputs are not compared
+(and they have no target steps to count). Writes ``result.json``, ``result.md`` and
+``concurrency.png``; the machine line names the CPU flags that pick the kernels.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
+    python -m bench.batching --concurrency 1 8 --llama-server .peers/llama-server
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,6 +101,72 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, changes
 
 
+def parse_peer(text: str) -> tuple[str, str]:
+    name, sep, url = text.partition("=")
+    if not (sep and name and url.startswith(("http://", "https://"))):
+        raise ValueError(f"--peer {text!r}: expected NAME=URL of an OpenAI-compatible server")
+    if name in BUILTIN:
+        raise ValueError(f"--peer {text!r}: the name {name!r} is taken")
+    return name, url.rstrip("/")
+
+
+def target_gguf(target: str) -> Path:
+    """The GGUF file the served target is built from (llama.cpp's peer runs the same file)."""
+    from specdec.models.sources import NAMED_SOURCES
+
+    if target not in NAMED_SOURCES:
+        raise ValueError(f"--llama-server: the served target {target!r} is not built from a GGUF "
+                         f"(one of {sorted(NAMED_SOURCES)})")
+    source = NAMED_SOURCES[target]
+    return source.gguf_dir() / source.gguf_file
+
+
+class LlamaServer:
+    """llama.cpp's ``llama-server`` on a GGUF at a free local port, a slot per client (2048
+    tokens of context each), until ``close``; its log goes to ``log``."""
+
+    def __init__(self, binary: str, gguf: Path, threads: int, slots: int, log: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.argv = [binary, "-m", str(gguf), "-t", str(threads), "-c", str(2048 * slots),
+                     "-np", str(slots), "--host", "127.0.0.1", "--port", str(port)]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as f:
+            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while not self.healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise SystemExit(f"--llama-server: {binary} did not come up; its log: {log}")
+            time.sleep(0.5)
+
+    def described(self) -> str:
+        """Its command line without the local address, the GGUF by file name."""
+        binary, m, gguf, *flags = self.argv[:-4]
+        return " ".join([binary, m, Path(gguf).name, *flags])
+
+    def healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health", timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def served_model(url: str) -> str:
+    """The model an OpenAI-compatible server names first in ``GET /v1/models``."""
+    return requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
 def rotated(methods: list[str], r: int) -> list[str]:
     """The methods in the order repeat ``r`` runs them at each level: each repeat starts one
     further along, so no method always runs first or right after the same one (this machine's
@@ -132,8 +206,8 @@ class InProcess:
         t0 = time.perf_counter()
         out = self.engine.generate(self.tokenizer(prompt)["input_ids"],
                                    GenerationParams(max_tokens, spec=self.spec))
-        return {"token_ids": out.token_ids, "latency_s": time.perf_counter() - t0,
-                "spec_decode": out.stats.to_dict()}
+        return {"token_ids": out.token_ids, "tokens": len(out.token_ids),
+                "latency_s": time.perf_counter() - t0, "spec_decode": out.stats.to_dict()}
 
 
 def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> dict:
@@ -144,9 +218,9 @@ def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> di
 
 
 def level(outs: list[dict], wall: float, mean_batch: float | None) -> dict:
-    """One level's numbers from its replies (token_ids, latency_s, spec_decode each)."""
+    """One level's numbers from its replies (token_ids, tokens, latency_s, spec_decode each)."""
     latencies = sorted(o["latency_s"] for o in outs)
-    tokens = sum(len(o["token_ids"]) for o in outs)
+    tokens = sum(o["tokens"] for o in outs)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "p50_s": statistics.median(latencies), "p95_s": p95(latencies),
             "mean_batch": mean_batch, **round_split(outs),
@@ -195,21 +269,24 @@ def complete(url: str, model: str, prompt: str, max_tokens: int) -> dict:
     r = requests.post(f"{url}/v1/completions", json=body, timeout=900)
     r.raise_for_status()
     out = r.json()
-    return {"token_ids": out["choices"][0]["token_ids"], "latency_s": time.perf_counter() - t0,
-            "spec_decode": out.get("spec_decode")}
+    ids = out["choices"][0].get("token_ids")  # specdec's; a peer may only count them in usage
+    return {"token_ids": ids, "tokens": out["usage"]["completion_tokens"],
+            "latency_s": time.perf_counter() - t0, "spec_decode": out.get("spec_decode")}
 
 
 def batch_totals(url: str) -> dict:
     return requests.get(f"{url}/debug/metrics", timeout=30).json()
 
 
-def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int) -> dict:
-    before = batch_totals(url)
+def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int,
+              peer: bool = False) -> dict:
+    """One level over HTTP; a ``peer`` has no ``/debug/metrics`` (no target steps counted)."""
+    before = {} if peer else batch_totals(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(c) as pool:
         outs = list(pool.map(lambda p: complete(url, model, p, max_tokens), prompts))
     wall = time.perf_counter() - t0
-    after = batch_totals(url)
+    after = {} if peer else batch_totals(url)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "step_requests",
                                                               "step_tokens", "step_s")}
     steps = delta["steps"]
@@ -236,10 +313,10 @@ def references(apps: dict[str, dict]) -> dict[str, str]:
     return refs | {"sd_engine": refs["sd"]}
 
 
-def summarise(runs: dict, refs: dict[str, str] | None = None) -> dict:
+def summarise(runs: dict, refs: dict[str, str] | None = None, peers=()) -> dict:
     """Medians over repeats per (method, concurrency), and the output checks: the same as the
     method's own sequential (concurrency 1) outputs, and as its plain-decoding reference's
-    (``refs``; ``ar`` when not given)."""
+    (``refs``; ``ar`` when not given); None for ``peers`` (their own numerics: not compared)."""
     summary = {}
     for (method, c), rs in runs.items():
         medians = {k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs)
@@ -253,21 +330,26 @@ def summarise(runs: dict, refs: dict[str, str] | None = None) -> dict:
     checks = {}
     for (m, c), rs in runs.items():
         ar = seq.get(refs.get(m, "ar"))
+        if m in peers:
+            checks[f"{m}@c{c}"] = {"same_as_sequential": None, "same_as_ar": None,
+                                   "reference": None}
+            continue
         checks[f"{m}@c{c}"] = {
             "same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
             "same_as_ar": all(r["token_ids"] == ar for r in rs), "reference": refs.get(m, "ar")}
     return {"summary": summary, "checks": checks}
 
 
-def goals(summary: dict, refs: dict[str, str] | None = None) -> dict:
+def goals(summary: dict, refs: dict[str, str] | None = None, peers=()) -> dict:
     """The served goals for the default (plain AR scales with clients, SD beats it at 8, latency
-    holds, serving adds little to the engine), and the 8-client one for each SD ``--variant``
-    against its plain-decoding reference (``refs``: the AR app of its dtype)."""
+    holds, serving adds little to the engine), the 8-client one for each SD ``--variant``
+    against its plain-decoding reference (``refs``: the AR app of its dtype), and against each of
+    ``peers`` at 1 and 8 clients: the default at least as fast, plain AR at least 0.9x."""
     ar, sd, refs = summary["ar"], summary["sd"], refs or {}
     out = {}
     if 8 in ar and 1 in ar:
         out["ar_c8_over_c1"] = {"value": ar[8]["tokens_per_s"] / ar[1]["tokens_per_s"], "goal": 4.0}
-    for name in ("sd", *(m for m in summary if m not in BUILTIN)):
+    for name in ("sd", *(m for m in summary if m not in BUILTIN and m not in peers)):
         base = refs.get(name, "ar")
         if base == name:  # a plain-decoding variant: the reference of others
             continue
@@ -279,6 +361,13 @@ def goals(summary: dict, refs: dict[str, str] | None = None) -> dict:
         if 8 in x and 1 in x:
             out[f"{name}_p50_c8_over_c1"] = {"value": x[8]["p50_s"] / x[1]["p50_s"], "goal": 2.0,
                                              "lower_is_better": True}
+    for peer in peers:
+        for name, goal in (("sd", 1.0), ("ar", 0.9)):
+            for c in (1, 8):
+                if c in summary[name] and c in summary.get(peer, {}):
+                    out[f"{name}_c{c}_over_{peer}_c{c}"] = {
+                        "value": summary[name][c]["tokens_per_s"] / summary[peer][c]["tokens_per_s"],
+                        "goal": goal}
     if 1 in sd and 1 in summary.get("sd_engine", {}):
         out["sd_served_c1_over_engine"] = {
             "value": sd[1]["tokens_per_s"] / summary["sd_engine"][1]["tokens_per_s"], "goal": 0.9}
@@ -304,9 +393,14 @@ def markdown(result: dict) -> str:
             batch = "-" if v["mean_batch"] is None else f"{v['mean_batch']:.2f}"
             split = " | ".join(f"{v[k]:.{1 if 'ms' in k else 2}f}" if k in v else "-"
                               for k in SPLIT + STEPS)
+            same = ("not compared | not compared" if chk["reference"] is None else
+                    f"{chk['same_as_sequential']} | {chk['same_as_ar']} ({chk['reference']})")
             lines.append(f"| {method} | {c} | {v['tokens_per_s']:.2f} | {v['p50_s']:.2f} | "
-                         f"{v['p95_s']:.2f} | {batch} | {split} | {chk['same_as_sequential']} | "
-                         f"{chk['same_as_ar']} ({chk['reference']}) |")
+                         f"{v['p95_s']:.2f} | {batch} | {split} | {same} |")
+    peers = [f"`{name}`: {how}" for name, how in meta.get("peers", {}).items()]
+    if peers:
+        lines += ["", "Peers (external servers, their own numerics: outputs not compared): "
+                  + "; ".join(peers) + "."]
     return "\n".join([*lines, "", *goal_rows(result["goals"])]) + "\n"
 
 
@@ -351,6 +445,11 @@ def main(argv=None) -> None:
                          "(sd_engine: the served path at concurrency 1 against it)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                     help="one more SD app: the default with these args changed")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
+                    help="an external OpenAI-compatible server already running at URL, as an arm")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="llama.cpp's llama-server binary (make llama-server), started here on "
+                         "the target's GGUF as the arm 'llama_server'")
     ap.add_argument("--port", type=int, default=8012)
     ap.add_argument("--out", default="docs/benchmarks/batching")
     a = ap.parse_args(argv)
@@ -359,33 +458,55 @@ def main(argv=None) -> None:
     prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval.prompts(a.prompts)
     try:
         variants = dict(parse_variant(v) for v in a.variant)
+        peers = dict(parse_peer(p) for p in a.peer)
+        sd = served_default(a.config)
+        gguf = target_gguf(sd["target"]) if a.llama_server else None
     except ValueError as e:
         ap.error(str(e))
-    sd = served_default(a.config)
+    if set(peers) & {*variants, "llama_server"}:
+        ap.error(f"--peer: a name is taken by a variant or llama_server: {sorted(peers)}")
     apps = method_args(sd, a.unbatched, variants)
+    llama = None
+    if a.llama_server:
+        threads = sd.get("target_resources", {}).get("threads") or os.cpu_count()
+        llama = LlamaServer(a.llama_server, gguf, threads, max(8, *a.concurrency),
+                            Path(a.out) / "llama-server.log")
+        peers["llama_server"] = llama.url
+    try:
+        run(a, argv, prompts, sd, apps, variants, peers, llama)
+    finally:
+        if llama is not None:
+            llama.close()
+
+
+def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: dict,
+        peers: dict[str, str], llama: LlamaServer | None) -> None:
     url = start(apps, a.port)
     model = sd.get("model_id") or sd["target"]
-    for name in apps:  # warm-up
-        complete(f"{url}/{name}", model, prompts[0], 8)
+    urls = {name: f"{url}/{name}" for name in apps} | peers
+    models = {name: model for name in apps} | {name: served_model(u) for name, u in peers.items()}
+    for name in urls:  # warm-up
+        complete(urls[name], models[name], prompts[0], 8)
     engine = InProcess(apps["sd"]) if a.engine else None
     if engine is not None:
         engine.complete(prompts[0], 8)
     top = max(a.concurrency)
-    methods = [*apps, *(["sd_engine"] if engine else [])]
+    methods = [*apps, *peers, *(["sd_engine"] if engine else [])]
     plan = [(c, m) for r in range(a.repeats) for c in a.concurrency for m in rotated(methods, r)
             if (m != "ar_unbatched" or c == top) and (m != "sd_engine" or c == 1)]
     runs: dict[tuple[str, int], list[dict]] = {}
     for c, m in tqdm(plan, desc="levels"):
         runs.setdefault((m, c), []).append(
             run_in_process(engine, prompts, a.max_tokens) if m == "sd_engine" else
-            run_level(f"{url}/{m}", model, prompts, a.max_tokens, c))
+            run_level(urls[m], models[m], prompts, a.max_tokens, c, peer=m in peers))
     refs = references(apps)
-    result = summarise(runs, refs)  # summary: method -> concurrency (int; "c" in the JSON) -> ...
-    result["goals"] = goals(result["summary"], refs)
+    result = summarise(runs, refs, peers)  # summary: method -> concurrency ("c" in JSON) -> ...
+    result["goals"] = goals(result["summary"], refs, peers)
     result["meta"] = {
         "date": now("%Y-%m-%d"), "command": command("bench.batching", argv),
         "machine": machine_line(),
         "served": {k: v for k, v in sd.items() if k not in ("api_key",)}, "variants": variants,
+        "peers": peers | ({"llama_server": llama.described()} if llama else {}),
         "prompts": len(prompts), "prompts_file": a.prompts_file, "max_tokens": a.max_tokens,
         "repeats": a.repeats}
     result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}

@@ -29,10 +29,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+SIMD = ("avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
+
+
+def simd_flags() -> list[str]:
+    """The CPU's flags that decide which kernels run (ours and a peer's such as llama.cpp):
+    AVX2, AVX-VNNI, the AVX-512 families the int8 and bfloat16 paths use, and AMX."""
+    from specdec.runtime.plan import cpu_flags
+
+    return sorted(f for f in cpu_flags() if f in SIMD or f.startswith("amx"))
+
+
 def machine(device: str = "cpu") -> dict:
     import torch
 
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "cpu_flags": simd_flags(),
+            "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "platform": platform.platform(), "device": device,
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
@@ -44,7 +56,9 @@ def machine(device: str = "cpu") -> dict:
 def machine_line() -> str:
     """``machine``'s facts in one line, for the served and passes reports."""
     m = machine()
-    return f"{m['cpu']}, {m['cores']} CPU cores, {m['torch_threads']} threads, torch {m['torch']}"
+    flags = " ".join(m["cpu_flags"]) or "no AVX2"
+    return (f"{m['cpu']} ({flags}), {m['cores']} CPU cores, {m['torch_threads']} threads, "
+            f"torch {m['torch']}")
 
 
 def now(fmt: str = "%Y-%m-%d %H:%M:%S %Z") -> str:
@@ -139,7 +153,8 @@ def markdown(results: dict) -> str:
         f"# Engine benchmark, {meta['date']}", "",
         f"Command: `{meta['command']}` (commit {(meta['git']['commit'] or 'unknown')[:12]}"
         f"{', uncommitted changes' if meta['git']['dirty'] else ''}).",
-        f"Machine: {mach['cpu']}, {mach['cores']} cores, torch {mach['torch']} on "
+        f"Machine: {mach['cpu']} ({' '.join(mach.get('cpu_flags') or ['no AVX2'])}), "
+        f"{mach['cores']} cores, torch {mach['torch']} on "
         f"{mach['device']} with {mach['torch_threads']} threads, Python {mach['python']}.",
         f"Pair: target {meta['target']} ({meta['dtype']}), drafter {meta['drafter']}, "
         f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "

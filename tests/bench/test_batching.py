@@ -1,6 +1,8 @@
 """The serving benchmark at concurrency (``bench.batching``) end to end on the tiny pair, in its
 own process (it starts its own Ray): the served SD app returns the in-process engine's tokens at
-every level, and the report holds each level, the goals and the plot."""
+every level, and the report holds each level, the goals and the plot. An external
+OpenAI-compatible server is an arm beside them (a peer such as llama-server): here the tiny app's
+own AR route stands in for it, a real server the harness reaches only through its URL."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["def add(a, b):\n    return", "hello hello hello", "one two three one two"]
 
 
-def test_the_served_path_is_measured_against_the_in_process_engine(tmp_path):
+def test_the_served_path_is_measured_against_the_in_process_engine_and_a_peer(tmp_path):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(PROMPTS))
     out = tmp_path / "out"
@@ -24,19 +26,34 @@ def test_the_served_path_is_measured_against_the_in_process_engine(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.batching", "--config", "configs/serve/tiny.yaml",
          "--prompts-file", str(prompts), "--max-tokens", "12", "--concurrency", "1", "2",
-         "--repeats", "1", "--engine", "--port", "8047", "--out", str(out)],
+         "--repeats", "1", "--engine", "--port", "8047", "--out", str(out),
+         "--peer", "peer=http://127.0.0.1:8047/ar/"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
-    assert set(result["summary"]) == {"ar", "sd", "sd_engine"}
+    assert set(result["summary"]) == {"ar", "sd", "sd_engine", "peer"}
     assert set(result["summary"]["sd_engine"]) == {"1"}
     # lossless everywhere: served SD at each level equals the engine's tokens, and AR's
-    assert all(c["same_as_sequential"] and c["same_as_ar"] for c in result["checks"].values())
+    ours = {k: c for k, c in result["checks"].items() if not k.startswith("peer@")}
+    assert len(ours) == 5 and all(c["same_as_sequential"] and c["same_as_ar"] for c in ours.values())
+    # the peer: measured at each level like the others, its outputs never compared (even though
+    # this one decodes AR's very tokens), no target steps of its own, its goals against ours
+    for c in ("1", "2"):
+        level = result["summary"]["peer"][c]
+        assert level["tokens_per_s"] > 0 and level["mean_batch"] is None and "step_ms" not in level
+        assert result["checks"][f"peer@c{c}"] == {"same_as_sequential": None, "same_as_ar": None,
+                                                   "reference": None}
+    assert result["meta"]["peers"] == {"peer": "http://127.0.0.1:8047/ar"}
+    peer_goal = result["goals"]["sd_c1_over_peer_c1"]
+    assert peer_goal["goal"] == 1.0 and peer_goal["met"] == (peer_goal["value"] >= 1.0)
+    assert "ar_c1_over_peer_c1" in result["goals"] and "sd_c8_over_peer_c8" not in result["goals"]
     goal = result["goals"]["sd_served_c1_over_engine"]
     assert goal["value"] > 0 and goal["met"] == (goal["value"] >= 0.9)
     assert result["meta"]["prompts"] == len(PROMPTS)
     assert (out / "concurrency.png").stat().st_size > 1000
-    assert "| sd_engine | 1 |" in (out / "result.md").read_text()
+    md = (out / "result.md").read_text()
+    assert "| sd_engine | 1 |" in md and "| peer | 2 |" in md
+    assert "not compared | not compared |" in md and "outputs not compared" in md
     # each SD level splits its round time: the target's share and the rest
     for method in ("sd", "sd_engine"):
         level = result["summary"][method]["1"]
@@ -50,6 +67,21 @@ def test_a_bad_prompts_file_is_refused(tmp_path):
         [sys.executable, "-m", "bench.batching", "--config", "configs/serve/tiny.yaml",
          "--prompts-file", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "--prompts-file" in done.stderr
+
+
+def test_a_peer_needs_a_name_and_a_url_and_llama_server_a_gguf_target(tmp_path, capsys):
+    from bench.batching import main, parse_peer
+
+    assert parse_peer("llama=http://127.0.0.1:8080/") == ("llama", "http://127.0.0.1:8080")
+    for bad in ("llama", "=http://x", "llama=127.0.0.1:8080", "sd=http://x"):
+        with pytest.raises(ValueError, match="--peer"):
+            parse_peer(bad)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(PROMPTS))
+    with pytest.raises(SystemExit):  # the tiny target has no GGUF for llama.cpp to run
+        main(["--config", str(ROOT / "configs/serve/tiny.yaml"), "--prompts-file", str(prompts),
+              "--llama-server", "llama-server"])
+    assert "--llama-server" in capsys.readouterr().err
 
 
 def test_a_variant_is_the_default_with_some_args_changed():
