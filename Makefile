@@ -102,7 +102,7 @@ LLAMA_CPP_PY ?= 0.3.36
 LLAMA_SERVER := $(PEERS)/llama-server
 llama-server: $(LLAMA_SERVER)
 
-$(LLAMA_SERVER):
+$(LLAMA_SERVER): | $(STAMP)
 	mkdir -p $(PEERS)
 	$(BIN)/pip download --quiet llama-cpp-python==$(LLAMA_CPP_PY) --no-binary :all: --no-deps -d $(PEERS)
 	tar -xzf $(PEERS)/llama_cpp_python-$(LLAMA_CPP_PY).tar.gz -C $(PEERS)
