@@ -279,10 +279,11 @@ def test_training_two_workers_on_two_nodes_train_as_one(nodes, store, tiny_llama
 SPARE = "node_c"
 STREAM_TOKENS = 64  # the served limit: the longest streams, so a kill lands mid-stream
 BOUND_S = 60  # no request, and not the replica's return, may take longer
-# How a request cut by the node's loss may end (never a read timeout: a hang). The replica died
-# with the node, so no in-band event may come: Serve's proxy then closes the connection mid-body
-# (ChunkedEncodingError); a request routed to the dead replica before Serve saw it die gets an
-# HTTP error; a replica that outlives its actors for a moment sends an in-band server_error.
+# How a request cut by the node's loss may end (never a read timeout: a hang). The replica dies
+# with the node, so no in-band event comes: Serve's proxy closes the connection mid-body (an
+# incomplete chunked body: ChunkedEncodingError), as seen in every run. Allowed too, by the
+# race: a request routed to the dead replica before the proxy saw it die gets an HTTP error,
+# and a replica that outlives its actors for a moment sends an in-band server_error.
 CUT = {"server_error", "ChunkedEncodingError", "ConnectionError", "HTTP 500", "HTTP 503"}
 
 
@@ -381,7 +382,7 @@ def test_losing_a_node_under_load(cluster_nodes, served, nodes, tiny_dirs):
         assert mid_stream.wait(BOUND_S), "no stream reached node_b's replica"
         killed_at = time.monotonic()
         cluster.remove_node(workers["node_b"], allow_graceful=False)
-        time.sleep(3)  # the load goes on meanwhile: new requests meet the lost replica too
+        time.sleep(6)  # the load goes on: requests sent after the loss, and the retries
         stop.set()
         made = [attempts for c in clients for attempts in c.result(timeout=2 * BOUND_S)]
     cut = [a for attempts in made for a in attempts if not ok(a)]
@@ -415,7 +416,10 @@ def test_losing_a_node_under_load(cluster_nodes, served, nodes, tiny_dirs):
     assert [a.error for a in after] == [None] * len(after)
     assert all(a.tokens == reference[a.prompt] and a.done for a in after)
     ends = [a.ended - killed_at for a in cut if a.started < killed_at]
+    sent_after = [attempts[0] for attempts in made if attempts[0].started > killed_at]
     print(f"\nNODE-LOSS requests={len(made)} cut={len(cut)} "
           f"errors={sorted({a.error for a in cut})} in_flight_cut={len(ends)} "
-          f"in_flight_ended_s={max(ends, default=0):.2f} replica_back_s={back_s:.1f} "
+          f"in_flight_ended_s={min(ends, default=0):.2f}..{max(ends, default=0):.2f} "
+          f"last_cut_s={max(a.ended for a in cut) - killed_at:.2f} replica_back_s={back_s:.1f} "
+          f"sent_after_loss={len(sent_after)} (ok at once: {sum(map(ok, sent_after))}) "
           f"after={len(after)} ok")
