@@ -341,9 +341,9 @@ def test_losing_a_node_under_load(cluster_nodes, served, nodes, tiny_dirs):
     """Eight clients stream completions in a loop over both replicas; once one is mid-stream on
     node_b's replica, node_b is killed (its raylet and every process on it, SIGKILL). Each
     request on node_b ends, none hangs, and each client retries a cut request; every request on
-    node_a's replica, and every retry, gets the engine's tokens. Serve starts the lost replica's
-    placement group on the spare node_c, which then holds a whole replica, and 16 requests sent
-    8 at a time after it all succeed."""
+    node_a's replica, and every retry, gets the engine's tokens. Serve replaces the lost replica
+    with one whose placement group lies on the spare node_c, which then holds a whole replica,
+    and 16 requests sent 8 at a time after it all succeed."""
     from ray import serve
     from ray.util.state import list_actors
 
