@@ -337,6 +337,7 @@ def ok(attempt: Attempt) -> bool:
     return attempt.done and attempt.error is None
 
 
+@pytest.mark.timeout(300)  # its own bounds end it sooner: this only guards them
 def test_losing_a_node_under_load(cluster_nodes, served, nodes, tiny_dirs):
     """Eight clients stream completions in a loop over both replicas; once one is mid-stream on
     node_b's replica, node_b is killed (its raylet and every process on it, SIGKILL). Each
