@@ -83,6 +83,8 @@ class ClosingStream(StreamingResponse):
                 await self.body_iterator.aclose()
 
 
+# The replica's process id, on ``GET /debug/active`` and on every streamed response: tells
+# replicas apart (tests, operators), e.g. which requests a lost replica was serving.
 REPLICA_HEADER = "x-specdec-replica"
 
 
@@ -178,6 +180,7 @@ class Server:
             # The slots are freed by the stream's end, or by the background task when a client
             # leaves before the first byte (the stream body then never starts).
             return ClosingStream(self._stream(job), media_type="text/event-stream",
+                                 headers={REPLICA_HEADER: str(os.getpid())},
                                  background=BackgroundTask(self._finish, job))
         try:
             async with aclosing(self._rounds(job)) as rounds:

@@ -10,6 +10,10 @@ tool: one raylet per node): a head that runs no replica, and two workers, ``node
 - Data-parallel training of the pre-verifier and the drafter with two gloo workers, each asking
   for a node's one ``trainer`` resource, so one on each worker node: the same losses as one
   worker, and the same after losing a worker (tests/pipelines/test_data_parallel.py).
+- Losing a node under load (last, since it removes ``node_b``): a spare worker ``node_c`` joins,
+  ``node_b`` is killed mid-stream; its requests end (none hangs) and succeed on a retry, ``node_a``'s
+  are unaffected, Serve places the lost replica whole on ``node_c``, and a load after it has no
+  error.
 
 The module replaces the session's one-node cluster (tests/conftest.py ``ray_cluster``) with its
 own, so it runs last (``multinode`` marker, ordered in tests/conftest.py).
@@ -17,9 +21,13 @@ own, so it runs last (``multinode`` marker, ordered in tests/conftest.py).
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pytest
@@ -35,9 +43,19 @@ PROMPTS = ["hello world hello world, hello", "def f(x):\n    return x + 1\n\ndef
            "the cat sat on the", "1, 2, 3, 4,", "x = [", "hello hello", "zzz"]
 
 
+def add_worker(cluster, name: str):
+    """A worker node of 3 CPUs offering one ``name``, one ``worker`` and one ``trainer``."""
+    with pytest.MonkeyPatch.context() as env:
+        # no idle workers started ahead on each raylet: on two cores they slow the start down
+        env.setenv("RAY_enable_worker_prestart", "0")
+        env.setenv("RAY_prestart_worker_first_driver", "0")
+        return cluster.add_node(num_cpus=3, resources={name: 1, "worker": 1, "trainer": 1})
+
+
 @pytest.fixture(scope="module")
-def nodes():
-    """{name: node id} of the two worker nodes; the driver is connected to the cluster."""
+def cluster_nodes():
+    """The cluster (``ray.cluster_utils.Cluster``) and {name: node} of its two worker nodes;
+    the driver is connected to it."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (docs/DESIGN.md)
     import ray
     from ray import serve
@@ -47,20 +65,23 @@ def nodes():
         serve.shutdown()
         ray.shutdown()
     with pytest.MonkeyPatch.context() as env:
-        # no idle workers started ahead on each raylet: on two cores they slow the start down
-        env.setenv("RAY_enable_worker_prestart", "0")
+        env.setenv("RAY_enable_worker_prestart", "0")  # as in add_worker
         env.setenv("RAY_prestart_worker_first_driver", "0")
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                                 "include_dashboard": True})
-        ids = {name: cluster.add_node(num_cpus=3, resources={name: 1, "worker": 1,
-                                                                      "trainer": 1}).node_id
-               for name in WORKERS}
-        cluster.wait_for_nodes()
+    workers = {name: add_worker(cluster, name) for name in WORKERS}
+    cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    yield ids
+    yield cluster, workers
     serve.shutdown()
     ray.shutdown()
     cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster_nodes):
+    """{name: node id} of the two worker nodes."""
+    return {name: node.node_id for name, node in cluster_nodes[1].items()}
 
 
 @pytest.fixture(scope="module")
@@ -104,33 +125,54 @@ def actor_tasks_per_node() -> dict[str, int]:
     return counts
 
 
-def test_each_replica_and_its_actors_share_one_worker_node(served, nodes):
-    """The replicas' placement groups: one per worker node, each holding its replica, target and
-    drafter actors, all alive on that node."""
+def replica_groups() -> dict[str, list]:
+    """The alive actors of each placement group (a replica's: its replica, target, drafter)."""
     from ray.util.state import list_actors
 
     groups: dict[str, list] = {}
     for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=10_000):
         if actor.placement_group_id:
             groups.setdefault(actor.placement_group_id, []).append(actor)
+    return groups
+
+
+def replica_nodes() -> dict[str, str]:
+    """{node id: its replica's three kinds of actors} of the groups whose actors share a node."""
+    placed = {}
+    for actors in replica_groups().values():
+        if len({a.node_id for a in actors}) == 1:
+            placed[actors[0].node_id] = ",".join(sorted(a.class_name.split(":")[0]
+                                                        for a in actors))
+    return placed
+
+
+def test_each_replica_and_its_actors_share_one_worker_node(served, nodes):
+    """The replicas' placement groups: one per worker node, each holding its replica, target and
+    drafter actors, all alive on that node."""
+    groups = replica_groups()
     assert len(groups) == 2
-    on = set()
     for actors in groups.values():
         kinds = sorted(a.class_name.split(":")[0] for a in actors)
         assert kinds == ["DrafterActor", "ServeReplica", "TargetActor"]
         assert len({a.node_id for a in actors}) == 1, [(a.class_name, a.node_id) for a in actors]
-        on.add(actors[0].node_id)
-    assert on == set(nodes.values())
+    assert set(replica_nodes()) == set(nodes.values())
 
 
-def test_both_replicas_answer_as_the_engine_does(served, nodes, tiny_dirs):
-    """Greedy completions sent at once reach both nodes' targets, and each equals the engine's."""
+def engine_tokens(tiny_dirs, prompts: list[str], n: int) -> dict[str, list[int]]:
+    """Each prompt's greedy tokens from the single-process engine on the same pair."""
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_pair
     from specdec.engine.settings import GenerationParams
 
     pair = load_pair(tiny_dirs["target"], tiny_dirs["drafter"], dtype="float64")
     engine, tokenizer = Engine(pair.target, pair.drafter), pair.target.tokenizer
+    return {p: engine.generate(tokenizer(p)["input_ids"], GenerationParams(n)).token_ids
+            for p in prompts}
+
+
+def test_both_replicas_answer_as_the_engine_does(served, nodes, tiny_dirs):
+    """Greedy completions sent at once reach both nodes' targets, and each equals the engine's."""
+    reference = engine_tokens(tiny_dirs, PROMPTS, 24)
     before = actor_tasks_per_node()
 
     def complete(prompt: str) -> list[int]:
@@ -142,8 +184,7 @@ def test_both_replicas_answer_as_the_engine_does(served, nodes, tiny_dirs):
     with ThreadPoolExecutor(8) as pool:
         outputs = list(pool.map(complete, PROMPTS * 2))
     for prompt, tokens in zip(PROMPTS * 2, outputs, strict=True):
-        ids = tokenizer(prompt)["input_ids"]
-        assert tokens == engine.generate(ids, GenerationParams(24)).token_ids, prompt
+        assert tokens == reference[prompt], prompt
     deadline = time.monotonic() + 30  # task events reach the state API within a few seconds
     while True:
         after = actor_tasks_per_node()
@@ -231,3 +272,155 @@ def test_training_two_workers_on_two_nodes_train_as_one(nodes, store, tiny_llama
     assert train_worker_nodes() == set(nodes.values())
     run_drafter_pair(store, tiny_llama, tiny_corpus, store["root"] / "multinode-drafter", scaling)
     assert train_worker_nodes() == set(nodes.values())
+
+
+# ---- losing a node under load (last: it removes node_b) ----------------------------------------
+
+SPARE = "node_c"
+STREAM_TOKENS = 64  # the served limit: the longest streams, so a kill lands mid-stream
+BOUND_S = 60  # no request, and not the replica's return, may take longer
+# How a request cut by the node's loss may end (never a read timeout: a hang). The replica dies
+# with the node, so no in-band event comes: Serve's proxy closes the connection mid-body (an
+# incomplete chunked body: ChunkedEncodingError), as seen in every run. Allowed too, by the
+# race: a request routed to the dead replica before the proxy saw it die gets an HTTP error,
+# and a replica that outlives its actors for a moment sends an in-band server_error.
+CUT = {"server_error", "ChunkedEncodingError", "ConnectionError", "HTTP 500", "HTTP 503"}
+
+
+@dataclass
+class Attempt:
+    """One streamed completion as its client saw it."""
+
+    prompt: str
+    started: float
+    ended: float = 0.0
+    replica: int | None = None  # the x-specdec-replica header: the replica's process id
+    tokens: list[int] = field(default_factory=list)
+    error: str | None = None  # the in-band error's type, "HTTP <status>", or the client's error
+    done: bool = False  # the stream ended with data: [DONE]
+
+
+def stream(url: str, prompt: str, on_chunk=None) -> Attempt:
+    """Stream a greedy completion; ``on_chunk(attempt)`` after each chunk of tokens."""
+    from cluster.server import REPLICA_HEADER
+
+    attempt = Attempt(prompt, time.monotonic())
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": STREAM_TOKENS, "stream": True}
+    try:  # every read waits 30 s at most: a hang ends as a timeout
+        with requests.post(f"{url}/v1/completions", json=body, stream=True,
+                           timeout=(10, 30)) as reply:
+            if REPLICA_HEADER in reply.headers:
+                attempt.replica = int(reply.headers[REPLICA_HEADER])
+            if reply.status_code != 200:
+                attempt.error = f"HTTP {reply.status_code}"
+            for line in reply.iter_lines() if reply.status_code == 200 else ():
+                if not line.startswith(b"data: "):
+                    continue
+                if line == b"data: [DONE]":
+                    attempt.done = True
+                    break
+                event = json.loads(line[6:])
+                if "error" in event:
+                    attempt.error = event["error"]["type"]
+                    continue
+                attempt.tokens += event["choices"][0]["token_ids"]
+                if on_chunk is not None:
+                    on_chunk(attempt)
+    except requests.RequestException as e:
+        timed_out = isinstance(e, requests.Timeout) or "timed out" in str(e).lower()
+        attempt.error = "timeout" if timed_out else type(e).__name__
+    attempt.ended = time.monotonic()
+    return attempt
+
+
+def ok(attempt: Attempt) -> bool:
+    return attempt.done and attempt.error is None
+
+
+@pytest.mark.timeout(300)  # its own bounds end it sooner: this only guards them
+def test_losing_a_node_under_load(cluster_nodes, served, nodes, tiny_dirs):
+    """Eight clients stream completions in a loop over both replicas; once one is mid-stream on
+    node_b's replica, node_b is killed (its raylet and every process on it, SIGKILL). Each
+    request on node_b ends, none hangs, and each client retries a cut request; every request on
+    node_a's replica, and every retry, gets the engine's tokens. Serve replaces the lost replica
+    with one whose placement group lies on the spare node_c, which then holds a whole replica,
+    and 16 requests sent 8 at a time after it all succeed."""
+    from ray import serve
+    from ray.util.state import list_actors
+
+    cluster, workers = cluster_nodes
+    spare = add_worker(cluster, SPARE)
+    cluster.wait_for_nodes()
+    reference = engine_tokens(tiny_dirs, PROMPTS, STREAM_TOKENS)
+    lost_pids = {a.pid for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True,
+                                            limit=10_000)
+                 if a.class_name.split(":")[0] == "ServeReplica" and a.node_id == nodes["node_b"]}
+    assert len(lost_pids) == 1, lost_pids
+
+    mid_stream, stop = threading.Event(), threading.Event()
+
+    def watch(attempt: Attempt) -> None:
+        if attempt.replica in lost_pids:
+            mid_stream.set()
+
+    def client(first: int) -> list[list[Attempt]]:
+        """Requests over the prompts, each retried until it succeeds (within the bound)."""
+        requests_made = []
+        for i in itertools.count(first):
+            if stop.is_set():
+                return requests_made
+            prompt, attempts = PROMPTS[i % len(PROMPTS)], []
+            requests_made.append(attempts)
+            while not attempts or not ok(attempts[-1]):
+                if attempts and time.monotonic() - attempts[0].started > BOUND_S:
+                    return requests_made
+                attempts.append(stream(served, prompt, watch))
+                time.sleep(0.2 * (not ok(attempts[-1])))
+        return requests_made
+
+    with ThreadPoolExecutor(8) as pool:
+        clients = [pool.submit(client, i) for i in range(8)]
+        assert mid_stream.wait(BOUND_S), "no stream reached node_b's replica"
+        killed_at = time.monotonic()
+        cluster.remove_node(workers["node_b"], allow_graceful=False)
+        time.sleep(6)  # the load goes on: requests sent after the loss, and the retries
+        stop.set()
+        made = [attempts for c in clients for attempts in c.result(timeout=2 * BOUND_S)]
+    cut = [a for attempts in made for a in attempts if not ok(a)]
+
+    kinds = "DrafterActor,ServeReplica,TargetActor"
+    whole = {nodes["node_a"]: kinds, spare.node_id: kinds}  # a replica and its actors on each
+    while True:  # Serve's controller replaces the lost replica
+        placed = replica_nodes()
+        states = serve.status().applications["specdec-multinode"].deployments["specdec"]
+        running = states.replica_states == {"RUNNING": 2}
+        if running and placed == whole or time.monotonic() - killed_at > BOUND_S:
+            break
+        time.sleep(0.5)
+    back_s = time.monotonic() - killed_at
+
+    with ThreadPoolExecutor(8) as pool:
+        after = list(pool.map(lambda p: stream(served, p), PROMPTS * 2))
+
+    for attempts in made:
+        assert ok(attempts[-1]), attempts  # each request succeeded, at last on a retry
+        assert attempts[-1].tokens == reference[attempts[0].prompt]
+        for attempt in attempts:
+            assert attempt.ended - attempt.started < BOUND_S, attempt  # none hangs
+            if attempt.replica is not None and attempt.replica not in lost_pids:
+                assert ok(attempt), attempt  # node_a's replica: unaffected
+    assert cut, "the kill cut no request"
+    assert {a.error for a in cut} <= CUT, [a.error for a in cut]
+    assert all(a.replica in lost_pids | {None} for a in cut), cut
+    assert placed == whole, (placed, back_s)
+    assert running, states.replica_states
+    assert [a.error for a in after] == [None] * len(after)
+    assert all(a.tokens == reference[a.prompt] and a.done for a in after)
+    ends = [a.ended - killed_at for a in cut if a.started < killed_at]
+    sent_after = [attempts[0] for attempts in made if attempts[0].started > killed_at]
+    print(f"\nNODE-LOSS requests={len(made)} cut={len(cut)} "
+          f"errors={sorted({a.error for a in cut})} in_flight_cut={len(ends)} "
+          f"in_flight_ended_s={min(ends, default=0):.2f}..{max(ends, default=0):.2f} "
+          f"last_cut_s={max(a.ended for a in cut) - killed_at:.2f} replica_back_s={back_s:.1f} "
+          f"sent_after_loss={len(sent_after)} (ok at once: {sum(map(ok, sent_after))}) "
+          f"after={len(after)} ok")
