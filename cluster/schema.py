@@ -28,6 +28,7 @@ from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
+from specdec.planning import SERVE_SLOTS
 from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
 
 BATCHING = BatchingConfig()
@@ -92,7 +93,7 @@ class Limits(Strict):
     max_body_bytes: PositiveInt = 1 << 20  # larger request bodies are refused with 413
     # KV cache slots the target's runtime preallocates (one per open request; a full pool is a
     # 503). Twice the concurrency: cancelled requests hold theirs until they are reaped.
-    kv_slots: PositiveInt = 32
+    kv_slots: PositiveInt = SERVE_SLOTS
 
 
 class Batching(Strict):

@@ -21,7 +21,7 @@ import yaml
 
 from specdec.runtime.plan import RuntimeConfig
 
-SERVE_SLOTS = 32  # a serve config's limits.kv_slots when it sets none (cluster.schema.Limits)
+SERVE_SLOTS = 32  # a serve config's limits.kv_slots when it sets none (cluster.schema.Limits reads it)
 PIPELINE_SLOTS = 8  # a pipeline's target without a batch size: load_target's default
 KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len")
 

@@ -17,7 +17,7 @@ from specdec.models.drafter import Drafter
 from specdec.models.drafters import DRAFTERS, DrafterArgs, build_drafter, drafter_taps
 from specdec.models.preverifier import PreVerifier, load_preverifier, untrained_preverifier
 from specdec.models.suffix import SuffixConfig
-from specdec.models.target import TargetModel
+from specdec.models.target import TargetModel, dtype_name
 from specdec.models.target_parts import TargetParts
 
 __all__ = ["ModelPair", "load_drafter", "load_drafter_side", "load_pair", "load_preverifier",
@@ -95,7 +95,7 @@ def load_drafter(ref: str, target: TargetModel, dtype: str = "float32",
     """The drafter ``ref`` for ``target`` (its vocabulary, device and, for some kinds, weights);
     dtype auto: the target's, as its plan resolved it."""
     if dtype == "auto":
-        dtype = str(target.dtype).removeprefix("torch.")
+        dtype = dtype_name(target.dtype)
     args = DrafterArgs(ref, target.vocab_size, dtype, target.device, suffix or SuffixConfig(),
                        block_drafter, preverifier_ref)
     return build_drafter(args, target)

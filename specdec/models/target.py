@@ -118,18 +118,12 @@ class TargetModel:
         """The model ``ref`` (``sources.resolve``): on the runtime its plan is resolved first,
         from its config alone, and decides the dtype, the device and which weights load."""
         path = resolve(ref)
-        config = AutoConfig.from_pretrained(path)
-        plan = None
-        if pick_backend(config, backend, quiet=True) == "runtime":
-            plan = resolve_plan(RuntimeConfig(device, dtype if isinstance(dtype, str) else
-                                              dtype_name(dtype), runtime_backend, linears,
-                                              attention, kv_cache_dtype, max_model_len,
-                                              pool_size), config, gguf_blocks.present(path))
-            torch_dtype, where = plan.torch_dtype, torch.device(plan.device)
-        else:
-            # transformers runs it: no plan, and auto is float32 (what the plan gives a GPU)
-            torch_dtype = parse_dtype("float32" if dtype == "auto" else dtype)
-            where = parse_device(device)
+        plan = load_plan(path, AutoConfig.from_pretrained(path), dtype, device, backend,
+                         runtime_backend=runtime_backend, linears=linears, attention=attention,
+                         kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
+                         slots=pool_size)
+        torch_dtype = load_dtype(plan, dtype)
+        where = torch.device(plan.device) if plan else parse_device(device)
         codes = plan is not None and plan.linears in ("int8", "quantized")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
                                                      use_safetensors=True).to(where)
@@ -230,6 +224,26 @@ class TargetModel:
 
     def final_norm(self) -> torch.nn.Module | None:
         return getattr(getattr(self.model, "model", None), "norm", None)
+
+
+def load_plan(path, config, dtype, device, backend: str = "auto", runtime_backend: str = "auto",
+              present: bool = True, **knobs) -> Plan | None:
+    """The plan ``from_pretrained`` resolves for the model at ``path`` (from its config alone;
+    ``knobs``: the other ``RuntimeConfig`` fields; ``present``: the device is here), or None
+    when transformers runs it."""
+    if pick_backend(config, backend, quiet=True) != "runtime":
+        return None
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    return resolve_plan(RuntimeConfig(str(device), name, runtime_backend, **knobs), config,
+                        gguf_blocks.present(path), present=present)
+
+
+def load_dtype(plan: Plan | None, dtype) -> torch.dtype:
+    """The dtype a model loads in: its plan's; without one (transformers runs it) the name,
+    auto being float32 (what the plan gives a GPU)."""
+    if plan is not None:
+        return plan.torch_dtype
+    return parse_dtype("float32" if dtype == "auto" else dtype)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-from specdec.models import gguf_blocks
 from specdec.models.sources import parse_device, parse_dtype, resolve
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -90,20 +89,17 @@ def local_directory(ref: str) -> Path:
 
 def target_dtype(directory: Path, dtype: str | torch.dtype,
                  device: str | torch.device) -> torch.dtype:
-    """The dtype ``TargetModel.from_pretrained`` gives the target with its default knobs:
-    ``auto`` is its plan's (``specdec.runtime.plan``, from its config alone)."""
+    """The dtype ``TargetModel.from_pretrained`` gives the target with its default knobs
+    (``target.load_plan``, ``load_dtype``: from its config alone)."""
     if dtype != "auto":
         return parse_dtype(dtype)
     from transformers import AutoConfig
 
-    from specdec.runtime import RuntimeConfig, resolve_plan, unsupported
+    from specdec.models.target import load_dtype, load_plan
 
-    config = AutoConfig.from_pretrained(directory)
-    if unsupported(config):  # transformers runs it: float32, as the target's loader does
-        return torch.float32
-    plan = resolve_plan(RuntimeConfig(str(parse_device(device)), "auto", max_model_len=1),
-                        config, gguf_blocks.present(directory), present=False)
-    return plan.torch_dtype
+    plan = load_plan(directory, AutoConfig.from_pretrained(directory), dtype,
+                     parse_device(device), present=False, max_model_len=1)
+    return load_dtype(plan, dtype)
 
 
 def embedding_names(directory: Path) -> tuple[str, str | None]:

@@ -56,8 +56,9 @@ def float32_only(config: RuntimeConfig) -> str | None:
 def pick_dtype(config: RuntimeConfig, blocks: bool, reasons: list) -> str:
     if config.dtype != "auto":
         return config.dtype
-    if float32_only(config):
-        reasons.append(f"dtype auto: float32, which {float32_only(config)} runs")
+    knob = float32_only(config)
+    if knob:
+        reasons.append(f"dtype auto: float32, which {knob} runs")
         return "float32"
     if int8_runs(config, blocks):
         reasons.append("dtype auto: float32, whose linears run int8 rows on the GGUF's codes")
