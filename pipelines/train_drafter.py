@@ -9,15 +9,18 @@ while recomputing them costs one no-grad target forward per step.
 
 Runs as ``python -m pipelines.train_drafter --config configs/train/train_drafter.yaml``; Ray
 Train ``TorchTrainer`` with ``ScalingConfig`` from the config (``num_workers: 0`` runs the loop
-in the driver). With several workers a step's global batch of ``batch_size`` sequences is
-drawn the same on every worker and each computes its slice of it (``pipelines.common.global_batch``);
-the gradients, normalised by the global batch's loss normaliser, are averaged with an all-reduce,
-so W workers train what one worker trains with the same ``batch_size``.
+in the driver). Ray Data reads the corpus; its rows fall into ``data_shards`` shards by id
+(``pipelines.common.shards``) and each worker receives only its own shards' rows. A step's
+global batch of ``batch_size`` sequences is drawn the same on every worker, each slot from one
+shard, and each worker computes the slots of its shards (``pipelines.common.global_batch``);
+the gradients, normalised by the global batch's loss normaliser, are summed with an all-reduce,
+so W workers train what one worker trains with the same ``batch_size`` and ``data_shards``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal, NamedTuple
 
+import pyarrow as pa
 import torch
 from pydantic import Field, model_validator
 from tqdm import tqdm
@@ -42,7 +46,8 @@ from pipelines.common.config import (
 )
 from pipelines.common.faults import maybe_fail
 from pipelines.common.formats import CORPUS_SCHEMA, check_tokenizer
-from pipelines.common.global_batch import global_rows, global_sum, step_generator, worker_slots
+from pipelines.common.global_batch import global_sum, shard_draws, step_generator, worker_slots
+from pipelines.common.shards import SHARD, OwnedShards, held_rows, only, owned, with_shards
 from pipelines.common.tables import read_table
 from specdec.algorithms.losses import LOSSES
 
@@ -121,39 +126,97 @@ class Text(NamedTuple):
     first_anchor: int
 
 
-def load_sequences(cfg: TrainDrafterConfig) -> list[Text]:
-    """Every corpus sequence cut to ``max_seq_len`` that has an anchor with a label after it."""
-    table = read_table(cfg.corpus, CORPUS_SCHEMA, "train_drafter.corpus")
-    starts = table.column("prompt_len").to_pylist() if cfg.anchors == "response" else None
-    texts = [Text(ids[: cfg.max_seq_len], max(1, starts[i]) if starts else 1)
-             for i, ids in enumerate(table.column("input_ids").to_pylist())]
-    texts = [t for t in texts if len(t.ids) - t.first_anchor >= 2]
-    if not texts:
+ROWS = pa.schema([CORPUS_SCHEMA.field(n) for n in ("id", "input_ids", "prompt_len")])
+SHARDED = ROWS.append(pa.field(SHARD, pa.int32()))  # the training rows a worker receives
+
+
+@dataclass(frozen=True)
+class Data:
+    """One worker's training texts by shard (``pipelines.common.shards``), and the held-out ones."""
+
+    shards: dict[int, list[Text]]
+    heldout: list[Text]
+
+
+def texts_of(table: pa.Table, cfg: TrainDrafterConfig) -> list[Text]:
+    """The usable rows of ``table`` (``usable``) as texts cut to ``max_seq_len``, by id."""
+    table = table.sort_by("id")
+    keep = usable(table, cfg)
+    starts = table.column("prompt_len").to_pylist()
+    return [Text(ids[: cfg.max_seq_len], max(1, starts[i]) if cfg.anchors == "response" else 1)
+            for i, ids in enumerate(table.column("input_ids").to_pylist()) if keep[i]]
+
+
+def usable(table: pa.Table, cfg: TrainDrafterConfig) -> list[bool]:
+    """Whether each row, cut to ``max_seq_len``, has an anchor with a label after it."""
+    starts = table.column("prompt_len").to_pylist()
+    return [min(len(ids), cfg.max_seq_len) - (max(1, starts[i]) if cfg.anchors == "response"
+                                              else 1) >= 2
+            for i, ids in enumerate(table.column("input_ids").to_pylist())]
+
+
+def heldout_ids(table: pa.Table, cfg: TrainDrafterConfig) -> set[str]:
+    """The ids of the ``heldout_sequences`` usable rows kept out of training: the first by a
+    hash of the seed and the id, so the choice depends on neither the file's order nor the
+    workers."""
+    ids = [i for i, ok in zip(table.column("id").to_pylist(), usable(table, cfg), strict=True)
+           if ok]
+    if not ids:
         raise ValueError(f"corpus {cfg.corpus} has no sequence with an anchor and a label after "
                          f"it (anchors: {cfg.anchors}, max_seq_len: {cfg.max_seq_len})")
-    return texts
+    n = cfg.heldout_sequences
+    if n >= len(ids):
+        raise ValueError(f"heldout_sequences {n} leaves no training sequence of {len(ids)}")
+    return set(sorted(ids, key=lambda i: hashlib.sha1(f"{cfg.seed}:{i}".encode()).digest())[:n])
 
 
-def split_heldout(texts: list[Text], n: int, seed: int) -> tuple[list[Text], list[Text]]:
-    """-> (training texts, ``n`` held-out texts chosen with ``seed``), the same on every rank."""
-    if n >= len(texts):
-        raise ValueError(f"heldout_sequences {n} leaves no training sequence of {len(texts)}")
-    held = set(torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed))[:n]
-               .tolist())
-    return ([t for i, t in enumerate(texts) if i not in held],
-            [t for i, t in enumerate(texts) if i in held])
+def split_rows(table: pa.Table, held: set[str], keep_held: bool) -> pa.Table:
+    """The rows of ``table`` held out (``keep_held``) or trained on."""
+    return table.filter(pa.array([(i in held) == keep_held for i in table.column("id").to_pylist()]))
+
+
+def local_data(cfg: TrainDrafterConfig) -> Data:
+    """Every shard, read here: one process trains on all of them (offline runs)."""
+    table = read_table(cfg.corpus, CORPUS_SCHEMA, "train_drafter.corpus").select(ROWS.names)
+    held = heldout_ids(table, cfg)
+    train = with_shards(split_rows(table, held, False), "id", cfg.shards())
+    return Data({s: texts_of(only(train, range(s, s + 1)), cfg) for s in range(cfg.shards())},
+                texts_of(split_rows(table, held, True), cfg))
+
+
+def worker_data(cfg: TrainDrafterConfig, rank: int, world: int) -> Data:
+    """A Ray Train worker's shards, and every held-out text, as Ray Data hands them to it."""
+    train = held_rows("train", SHARDED)
+    return Data({s: texts_of(only(train, range(s, s + 1)), cfg)
+                 for s in owned(rank, world, cfg.shards())},
+                texts_of(held_rows("heldout", ROWS), cfg))
+
+
+def datasets(cfg: TrainDrafterConfig, held: set[str]) -> dict:
+    """The trainer's Ray datasets: ``train`` with each row's shard (each worker receives its own
+    shards': ``OwnedShards``), and ``heldout``, which every worker receives whole."""
+    import ray.data
+
+    rows = ray.data.read_parquet(cfg.corpus, columns=ROWS.names)
+    train = rows.map_batches(split_rows, fn_kwargs={"held": held, "keep_held": False},
+                             batch_format="pyarrow")
+    return {"train": train.map_batches(with_shards, fn_kwargs={"key": "id", "shards": cfg.shards()},
+                                       batch_format="pyarrow"),
+            "heldout": rows.map_batches(split_rows, fn_kwargs={"held": held, "keep_held": True},
+                                        batch_format="pyarrow")}
 
 
 # ---- models -------------------------------------------------------------------------------------
 
-def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[Text],
-                 device="cpu"):
+def build_models(cfg: TrainDrafterConfig, init_dir: str | None, data: Data, device="cpu",
+                 world: int = 1):
     """-> (target with the drafter's taps, BlockDrafter), both on ``device``. A fresh drafter
-    takes its reduced vocabulary from the label region of ``sequences`` and its layers from the
-    target, as the config says."""
+    takes its reduced vocabulary from the label region of the training texts (their counts
+    summed over the ``world`` workers' shards) and its layers from the target, as the config
+    says."""
     from specdec.models.block_drafter import BlockDrafter, BlockDrafterConfig
     from specdec.models.target import TargetModel
-    from specdec.training.drafter_init import copy_target_layer, frequent_tokens
+    from specdec.training.drafter_init import copy_target_layer, frequent_tokens, token_counts
 
     if init_dir:
         config, _ = BlockDrafter.read_config(init_dir)
@@ -171,9 +234,13 @@ def build_models(cfg: TrainDrafterConfig, init_dir: str | None, sequences: list[
         torch.manual_seed(cfg.seed)
         drafter = BlockDrafter.initialise(config, target, target_ref=cfg.target)
     if d.draft_vocab_size:
-        # every rank sees the same vocabulary: it is counted before sharding (see train_loop)
-        vocab = frequent_tokens((t.ids[t.first_anchor:] for t in sequences), d.draft_vocab_size,
-                                sorted(target.eos_token_ids))
+        mine = token_counts(t.ids[t.first_anchor:] for texts in data.shards.values()
+                            for t in texts)
+        counts = torch.zeros(target.vocab_size, dtype=torch.float64)
+        counts[list(mine)] = torch.tensor(list(mine.values()), dtype=torch.float64)
+        counts = global_sum(counts, world)  # every rank: the same counts, the same vocabulary
+        vocab = frequent_tokens({t: c for t, c in enumerate(counts.tolist()) if c},
+                                d.draft_vocab_size, sorted(target.eos_token_ids))
         drafter = drafter.with_vocabulary(vocab)
     if d.init_layer_from_target is not None:
         copy_target_layer(drafter.net, target, d.init_layer_from_target)
@@ -268,8 +335,8 @@ def lr_at(cfg: TrainDrafterConfig, step: int, total: int) -> float:
 
 @dataclass
 class Loop:
-    """Everything one worker's steps need (``sequences``: every training sequence; a worker
-    computes its slots of each step's global batch)."""
+    """Everything one worker's steps need (``data``: its shards' texts, from which it computes
+    its slots of each step's global batch, and the held-out texts)."""
 
     cfg: TrainDrafterConfig
     target: object
@@ -277,24 +344,24 @@ class Loop:
     opt: torch.optim.Optimizer
     parts: object
     loss_fn: object
-    sequences: list[Text]
-    heldout: list[Text]
+    data: Data
     start: int
     rank: int = 0
     world: int = 1
 
 
 def setup(cfg: TrainDrafterConfig, start_dir: Path | None, init_dir: str | None,
-          rank: int, world: int, device: torch.device) -> Loop:
+          rank: int, world: int, device: torch.device, data: Data | None = None) -> Loop:
+    """One worker's loop on ``data`` (None: every shard, read in this process)."""
     from specdec.algorithms.losses import make_loss
     from specdec.training.drafter_forward import FrozenTargetParts
 
     torch.set_num_threads(cfg.scaling.torch_threads)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # training only; serving is unaffected
-    corpus, heldout = split_heldout(load_sequences(cfg), cfg.heldout_sequences, cfg.seed)
+    data = data or local_data(cfg)
     target, drafter = build_models(cfg, str(start_dir / "drafter") if start_dir else init_dir,
-                                   corpus, device)
+                                   data, device, world)
     opt = torch.optim.AdamW(drafter.net.train().parameters(), lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     start = ckpt.read_state(start_dir)["step"] if start_dir else 0
@@ -302,7 +369,7 @@ def setup(cfg: TrainDrafterConfig, start_dir: Path | None, init_dir: str | None,
         ckpt.load_optimizer(opt, start_dir)
     parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
     return Loop(cfg, target, drafter, opt, parts, make_loss(cfg.loss.name, **cfg.loss.params()),
-                corpus, heldout, start, rank, world)
+                data, start, rank, world)
 
 
 @torch.no_grad()
@@ -313,8 +380,9 @@ def heldout_metrics(loop: Loop) -> dict:
 
     cfg, net = loop.cfg, loop.drafter.net
     prefix_sum, first_ok, blocks = 0.0, 0.0, 0
-    for at in range(0, len(loop.heldout), cfg.batch_size):
-        features, batch = make_batch(loop.target, loop.heldout[at: at + cfg.batch_size],
+    heldout = loop.data.heldout
+    for at in range(0, len(heldout), cfg.batch_size):
+        features, batch = make_batch(loop.target, heldout[at: at + cfg.batch_size],
                                      net.c.block_size, cfg.anchors_per_sequence, cfg.labels,
                                      torch.Generator().manual_seed(cfg.seed + at))
         logits, _ = block_logits(net, loop.parts, features, batch)
@@ -331,15 +399,17 @@ def heldout_metrics(loop: Loop) -> dict:
 
 def one_step(loop: Loop, step: int, total: int) -> dict:
     cfg = loop.cfg
-    rows = global_rows(cfg.seed, step, len(loop.sequences), cfg.batch_size)  # [batch_size]
     slots = worker_slots(cfg.batch_size, loop.rank, loop.world)
+    draws = shard_draws(cfg.seed, step, cfg.shards(),
+                        {s: len(texts) for s, texts in loop.data.shards.items()},
+                        cfg.batch_size, slots)
     gens = [step_generator(cfg.seed, step, slot + 1) for slot in slots]  # each slot's anchors
     lr = lr_at(cfg, step, total)
     for group in loop.opt.param_groups:
         group["lr"] = lr
     loop.opt.zero_grad(set_to_none=True)
     metrics = train_step(loop.drafter.net, loop.parts, loop.target,
-                         [loop.sequences[int(rows[s])] for s in slots], cfg, loop.loss_fn, gens,
+                         [loop.data.shards[s][i] for s, i in draws], cfg, loop.loss_fn, gens,
                          loop.world)
     loop.opt.step()
     if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
@@ -367,7 +437,8 @@ def train_loop(loop_cfg: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = get_device() if cfg.scaling.use_gpu else torch.device("cpu")
     start_dir = ckpt.restore(cfg.output(), loop_cfg["run_id"], cfg.resume)
-    loop = setup(cfg, start_dir, loop_cfg.get("init_dir"), rank, world, device)
+    loop = setup(cfg, start_dir, loop_cfg.get("init_dir"), rank, world, device,
+                 worker_data(cfg, rank, world))
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
     if start_dir and loop.start >= cfg.steps:  # resumed a finished run: hand back its checkpoint
         ray.train.report({"step": loop.start}, checkpoint=ray.train.Checkpoint.from_directory(
@@ -477,22 +548,23 @@ def log_offline_metrics(cfg: TrainDrafterConfig) -> int:
 
 # ---- the driver ---------------------------------------------------------------------------------
 
-def preflight(cfg: TrainDrafterConfig) -> str | None:
-    """Every check that can fail fast, before Ray starts: config, corpus schema, tokenizer,
-    init checkpoint. Returns the local directory of ``init_from`` (registry refs resolved)."""
+def preflight(cfg: TrainDrafterConfig) -> tuple[str | None, set[str]]:
+    """Every check that can fail fast, before Ray starts: config, corpus schema and rows,
+    tokenizer, init checkpoint. Returns the local directory of ``init_from`` (registry refs
+    resolved) and the held-out rows' ids."""
     from specdec.models.block_drafter import BlockDrafter
     from specdec.models.registry import resolve_model_ref
 
-    read_table(cfg.corpus, CORPUS_SCHEMA, "train_drafter.corpus")
+    held = heldout_ids(read_table(cfg.corpus, CORPUS_SCHEMA, "train_drafter.corpus"), cfg)
     check_tokenizer(cfg.corpus, cfg.target, "train_drafter.corpus")
     init_dir = resolve_model_ref(cfg.drafter.init_from, cfg.mlflow.tracking_uri)
     if init_dir and not BlockDrafter.is_checkpoint(init_dir):
         raise FileNotFoundError(f"drafter.init_from {cfg.drafter.init_from!r} is not a "
                                 f"block-drafter checkpoint")
-    return init_dir
+    return init_dir, held
 
 
-def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, tracking: str):
+def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, held: set[str], tracking: str):
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -502,6 +574,7 @@ def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, tracking: str):
     s = cfg.scaling
     # by reference, also under `python -m` (a __main__ function would be pickled by value,
     # with every submodule it touches, e.g. torch.backends.cuda, which cannot be pickled)
+    from pipelines.train_drafter import datasets
     from pipelines.train_drafter import train_loop as loop
 
     trainer = TorchTrainer(
@@ -510,6 +583,7 @@ def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, tracking: str):
                            "tracking_uri": tracking, "init_dir": init_dir},
         scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                      resources_per_worker=s.worker_resources()),
+        datasets=datasets(cfg, held), dataset_config=OwnedShards(cfg.shards()),
         run_config=RunConfig(name=f"train_drafter-{run.info.run_id[:8]}",
                              storage_path=str((cfg.output() / "ray").absolute()),
                              failure_config=FailureConfig(max_failures=s.max_failures)),
@@ -532,14 +606,14 @@ def run(cfg: TrainDrafterConfig) -> dict:
     )
     from specdec.runtime import RuntimeConfig
 
-    init_dir = preflight(cfg)
+    init_dir, held = preflight(cfg)
     with start_run(cfg.mlflow, "train_drafter") as run_:
         log_params(cfg.model_dump())
         log_plan(cfg.target, RuntimeConfig("cuda" if cfg.scaling.use_gpu else "cpu", cfg.dtype,
                                            max_model_len=cfg.max_seq_len))
         if cfg.resume:
             log_offline_metrics(cfg)
-        result = fit(cfg, run_, init_dir, tracking_uri(cfg.mlflow))
+        result = fit(cfg, run_, init_dir, held, tracking_uri(cfg.mlflow))
         if result.error:
             raise result.error
         final = cfg.output() / f"drafter-{run_.info.run_id[:8]}"

@@ -6,9 +6,12 @@ the split), steps are packed whole into sequences (``specdec.training.preverifie
 a ``PreVerifier`` is trained with binary cross-entropy in a Ray Train ``TorchTrainer``. At the
 end it reports loss, accuracy, AUC and ECE on the held-out split, with a calibration plot.
 
-With several workers (DDP) a step's global batch of ``batch_size`` packed sequences is drawn the
-same on every worker and each computes its slice (``pipelines.common.global_batch``), its loss
-divided by the global batch's count of valid tokens: W workers train what one worker trains.
+The steps fall into ``data_shards`` shards by request (``pipelines.common.shards``): Ray Data
+reads the Parquet, and each Ray Train worker receives its own shards' rows and packs each shard
+on its own. With several workers (DDP) a step's global batch of ``batch_size`` packed sequences
+is drawn the same on every worker, each slot from one shard, and each worker computes the slots
+of its shards (``pipelines.common.global_batch``), its loss divided by the global batch's count
+of valid tokens: W workers train what one worker trains with the same ``data_shards``.
 Every ``checkpoint_every`` steps the model and optimiser are checkpointed; after a worker failure
 (``scaling.max_failures``) the worker group resumes from the last one and draws the same batches.
 """
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
+import pyarrow as pa
 import torch
 from pydantic import Field
 from tqdm import tqdm
@@ -37,8 +42,11 @@ from pipelines.common.config import (
 )
 from pipelines.common.faults import maybe_fail
 from pipelines.common.formats import STEPS_SCHEMA
-from pipelines.common.global_batch import global_rows, global_sum, worker_slots
+from pipelines.common.global_batch import global_sum, shard_draws, worker_slots
+from pipelines.common.shards import SHARD, OwnedShards, held_rows, only, owned, with_shards
 from pipelines.common.tables import read_table
+
+SHARDED = STEPS_SCHEMA.append(pa.field(SHARD, pa.int32()))  # the rows a worker receives
 
 
 class PreVerifierSettings(Strict):
@@ -74,24 +82,53 @@ def heldout(request: str, percent: float) -> bool:
 
 
 def load_steps(path: str, percent: float):
-    """-> (train steps, held-out steps) as lists of ``Step``."""
-    from specdec.training.preverifier_data import Step
-
-    table = read_table(path, STEPS_SCHEMA, "train_preverifier.data").sort_by(
-        [("request", "ascending"), ("step", "ascending"), ("position", "ascending")])
+    """-> (train steps, held-out steps) of the whole file, as lists of ``Step``."""
+    table = read_table(path, STEPS_SCHEMA, "train_preverifier.data")
     if table.num_rows == 0:
         raise ValueError(f"train_preverifier.data: {path} has no rows")
+    return (steps_of(keep_split(table, percent, held=False)),
+            steps_of(keep_split(table, percent, held=True)))
+
+
+def steps_of(table: pa.Table) -> list:
+    """The steps (rounds) of rows of ``STEPS_SCHEMA``, ordered by request and step."""
+    from specdec.training.preverifier_data import Step
+
+    table = table.sort_by([("request", "ascending"), ("step", "ascending"),
+                           ("position", "ascending")])
     cols = {name: table.column(name).to_pylist() for name in ("request", "step", "accepted")}
     hidden = torch.tensor(table.column("hidden").to_pylist(), dtype=torch.float32)  # [rows, D]
-    train, held, start = [], [], 0
+    steps, start = [], 0
     for i in range(1, table.num_rows + 1):
         key = (cols["request"][start], cols["step"][start])
         if i < table.num_rows and (cols["request"][i], cols["step"][i]) == key:
             continue
-        step = Step(hidden[start:i], torch.tensor(cols["accepted"][start:i], dtype=torch.float32))
-        (held if heldout(key[0], percent) else train).append(step)
+        steps.append(Step(hidden[start:i], torch.tensor(cols["accepted"][start:i],
+                                                        dtype=torch.float32)))
         start = i
-    return train, held
+    return steps
+
+
+def keep_split(table: pa.Table, percent: float, held: bool) -> pa.Table:
+    """The rows of ``table`` whose request is held out (``held``) or trained on."""
+    mask = pa.array([heldout(r, percent) == held for r in table.column("request").to_pylist()])
+    return table.filter(mask)
+
+
+def datasets(cfg: TrainPreVerifierConfig) -> dict:
+    """The trainer's Ray datasets: ``train``, the training rows with their shard (each worker
+    receives its own shards': ``OwnedShards``), and ``heldout``, every held-out row (all rows
+    when nothing is held out), which every worker receives whole."""
+    import ray.data
+
+    rows = ray.data.read_parquet(cfg.data)
+    train = rows.map_batches(keep_split, fn_kwargs={"percent": cfg.heldout_percent, "held": False},
+                             batch_format="pyarrow").map_batches(
+        with_shards, fn_kwargs={"key": "request", "shards": cfg.shards()}, batch_format="pyarrow")
+    held = rows if cfg.heldout_percent == 0 else rows.map_batches(
+        keep_split, fn_kwargs={"percent": cfg.heldout_percent, "held": True},
+        batch_format="pyarrow")
+    return {"train": train, "heldout": held}
 
 
 def evaluate(net, packed) -> dict:
@@ -121,13 +158,16 @@ def train_loop(loop_cfg: dict) -> None:
     torch.set_num_threads(cfg.scaling.torch_threads)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent)
     device = loop_device(cfg.scaling, cfg.device)
-    train = pack_steps(train_steps, cfg.pack_len).to(device)  # every worker: all of it
-    held = pack_steps(held_steps or train_steps, cfg.pack_len).to(device)
+    rows, shards = held_rows("train", SHARDED), cfg.shards()
+    mine = {s: steps_of(only(rows, range(s, s + 1))) for s in owned(rank, world, shards)}
+    packs = {s: pack_steps(steps, cfg.pack_len).to(device) for s, steps in mine.items()}
+    sizes = {s: p.hidden.shape[0] for s, p in packs.items()}
+    held_steps = steps_of(held_rows("heldout", STEPS_SCHEMA)) or sum(mine.values(), [])
+    held = pack_steps(held_steps, cfg.pack_len).to(device)
     m = cfg.model
     torch.manual_seed(cfg.seed)
-    model = PreVerifier(PreVerifierConfig(input_size=train.hidden.shape[-1], width=m.width,
+    model = PreVerifier(PreVerifierConfig(input_size=held.hidden.shape[-1], width=m.width,
                                           heads=m.heads, max_positions=m.max_positions,
                                           use_position=m.use_position))
     start_dir = ckpt.restore(cfg.output(), loop_cfg["run_id"])
@@ -144,9 +184,9 @@ def train_loop(loop_cfg: dict) -> None:
     for step in tqdm(range(start, cfg.steps), desc="train_preverifier", disable=rank != 0,
                      initial=start, total=cfg.steps, mininterval=5):
         maybe_fail(cfg.output(), cfg.fail_at_step, step, rank, world, cfg.scaling.num_workers > 0)
-        rows = global_rows(cfg.seed, step, train.hidden.shape[0], cfg.batch_size).to(device)
-        slots = worker_slots(cfg.batch_size, rank, world)
-        loss = train_step(net, opt, train, rows, slots, world)
+        draws = shard_draws(cfg.seed, step, shards, sizes, cfg.batch_size,
+                            worker_slots(cfg.batch_size, rank, world))
+        loss = train_step(net, opt, pick(packs, draws), world)
         if client is not None:
             client.log_metric(loop_cfg["run_id"], "train_loss", loss, step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
@@ -154,20 +194,25 @@ def train_loop(loop_cfg: dict) -> None:
     report(model, evaluate(model, held), rank)
 
 
-def train_step(net, opt, train, rows: torch.Tensor, slots: range, world: int) -> float:
-    """One optimiser step of binary cross-entropy on the global batch ``rows`` of packed
-    sequences of ``train``, of which this worker computes ``slots``; -> the global batch's loss.
+def pick(packs: dict, draws: list[tuple[int, int]]):
+    """The packed sequences ``draws`` names, (shard, row) each, of the shards' ``packs``."""
+    from specdec.training.preverifier_data import PackedSteps
+
+    return PackedSteps(*(torch.stack([getattr(packs[s], f.name)[i] for s, i in draws])
+                         for f in fields(PackedSteps)))
+
+
+def train_step(net, opt, batch, world: int) -> float:
+    """One optimiser step of binary cross-entropy on ``batch``, this worker's slots of the
+    global batch; -> the global batch's loss.
 
     The loss is the mean over the global batch's valid tokens: this worker's sum divided by
-    their count (which every worker knows: it holds all rows), times ``world`` because DDP
-    averages the workers' gradients."""
-    valid_all = train.valid[rows]  # [batch, pack_len]
-    mine = rows[slots.start: slots.stop]
-    logits = net(train.hidden[mine], train.positions[mine], train.step_ids[mine])
-    valid = valid_all[slots.start: slots.stop]
+    their count over the workers, times ``world`` because DDP averages the workers' gradients."""
+    logits = net(batch.hidden, batch.positions, batch.step_ids)
     total = torch.nn.functional.binary_cross_entropy_with_logits(
-        logits[valid], train.labels[mine][valid], reduction="sum")
-    loss = total * world / valid_all.sum().clamp_min(1)
+        logits[batch.valid], batch.labels[batch.valid], reduction="sum")
+    count = global_sum(batch.valid.sum().to(total.dtype), world)
+    loss = total * world / count.clamp_min(1)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -238,6 +283,7 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
                                "tracking_uri": tracking_uri(cfg.mlflow)},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=s.worker_resources()),
+            datasets=datasets(cfg), dataset_config=OwnedShards(cfg.shards()),
             run_config=RunConfig(name=f"train_preverifier-{run_.info.run_id[:8]}",
                                  storage_path=str((cfg.output() / "ray").absolute()),
                                  failure_config=FailureConfig(max_failures=s.max_failures)),

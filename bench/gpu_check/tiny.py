@@ -190,7 +190,7 @@ def train_drafter(ctx: Context) -> dict:
 def train_preverifier(ctx: Context) -> dict:
     from dataclasses import fields, replace
 
-    from pipelines.train_preverifier import evaluate, train_step
+    from pipelines.train_preverifier import evaluate, pick, train_step
     from specdec.algorithms.verify import make_verifier
     from specdec.engine.loading import load_pair
     from specdec.models.preverifier import PreVerifier, PreVerifierConfig
@@ -218,9 +218,9 @@ def train_preverifier(ctx: Context) -> dict:
                                             heads=2, max_positions=8)).to(device).train()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    losses = [train_step(net, opt, packed, torch.randint(packed.hidden.shape[0], (4,),
-                                                         generator=gen), range(4), world=1)
-              for _ in range(STEPS)]  # one worker: every slot of the batch
+    draws = [[(0, int(i)) for i in torch.randint(packed.hidden.shape[0], (4,), generator=gen)]
+             for _ in range(STEPS)]  # one worker, one shard: every slot of the batch
+    losses = [train_step(net, opt, pick({0: packed}, d), world=1) for d in draws]
     metrics = evaluate(net, packed)
     return {"device": str(next(net.parameters()).device), "drafted_tokens": len(records),
             "steps": STEPS, "first_loss": losses[0], "last_loss": losses[-1],

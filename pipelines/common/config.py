@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specdec.models.registry import DEFAULT_EXPERIMENT
 from specdec.models.sources import NAMED_SOURCES, specdec_home
@@ -65,20 +65,32 @@ class Scaling(Strict):
 
 class TrainJob(Strict):
     """A Ray Train job's config: ``batch_size`` is the step's global batch, split evenly over
-    ``scaling.num_workers`` (checked); its outputs go to ``run_dir`` (default: the job's folder
-    under $SPECDEC_HOME)."""
+    ``scaling.num_workers`` and drawn from ``data_shards`` shards of the training rows
+    (``pipelines.common.shards``; checked); its outputs go to ``run_dir`` (default: the job's
+    folder under $SPECDEC_HOME)."""
 
     JOB: ClassVar[str] = ""  # the job's name, for its default output folder
+
+    # shards of the training rows, a multiple of the workers; None: one per worker. What a run
+    # trains depends on it, not on the workers: W workers with S shards train what one does.
+    data_shards: int | None = Field(None, ge=1)
 
     def output(self) -> Path:
         return Path(self.run_dir) if self.run_dir else default_output(self.JOB)
 
+    def shards(self) -> int:
+        return self.data_shards or max(1, self.scaling.num_workers)
+
     @model_validator(mode="after")
     def _batch_splits(self):
-        if self.scaling.num_workers > 1 and self.batch_size % self.scaling.num_workers:
-            raise ValueError(f"batch_size {self.batch_size} must be divisible by "
-                             f"scaling.num_workers {self.scaling.num_workers} (it is the global "
-                             f"batch, split over the workers)")
+        workers, shards = max(1, self.scaling.num_workers), self.shards()
+        if shards % workers:
+            raise ValueError(f"data_shards {shards} must be a multiple of scaling.num_workers "
+                             f"{workers} (each worker holds whole shards)")
+        if self.batch_size % shards:
+            raise ValueError(f"batch_size {self.batch_size} must be divisible by data_shards "
+                             f"{shards} (one shard per run of batch_size / data_shards slots; "
+                             "data_shards defaults to scaling.num_workers)")
         return self
 
 

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -29,16 +29,20 @@ LAYER_MAP = {
 }
 
 
-def frequent_tokens(sequences: Iterable[list[int]], n: int, always: Iterable[int] = ()) -> torch.Tensor:
-    """The ids of the ``n`` most frequent tokens in ``sequences``, ``always`` included, sorted."""
+def token_counts(sequences: Iterable[list[int]]) -> Counter:
+    return Counter(t for seq in sequences for t in seq)
+
+
+def frequent_tokens(counts: Mapping[int, int], n: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ids of the ``n`` most frequent tokens by ``counts``, ``always`` included, sorted; a
+    tie goes to the smaller id, so counts summed in any order give the same vocabulary."""
     keep = list(dict.fromkeys(always))
     if n < len(keep):
         raise ValueError(f"draft vocabulary of {n} cannot hold the {len(keep)} required tokens")
-    counts = Counter(t for seq in sequences for t in seq)
-    for t, _ in counts.most_common():
+    for t in sorted(counts, key=lambda t: (-counts[t], t)):
         if len(keep) == n:
             break
-        if t not in keep:
+        if t not in keep and counts[t] > 0:
             keep.append(t)
     if len(keep) < n:
         raise ValueError(f"the corpus has only {len(keep)} distinct tokens; draft vocabulary {n}")

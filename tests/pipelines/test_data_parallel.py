@@ -38,6 +38,7 @@ from tests.pipelines.conftest import config
 from tests.pipelines.test_train_drafter import drafter_config
 
 RTOL = 1e-4  # see the module docstring
+SHARDS = 2  # both runs: what a run trains depends on its shards, not on its workers
 STEPS, EVERY, FAIL_AT = 6, 2, 3  # the last worker dies before 0-based step 3: resume at 2
 
 
@@ -82,7 +83,7 @@ def write_steps(path) -> str:
 
 
 def preverifier_config(store, data: str, run_dir, scaling: dict, **fields):
-    base = dict(target="tiny", data=data, run_dir=str(run_dir), steps=STEPS,
+    base = dict(target="tiny", data=data, run_dir=str(run_dir), steps=STEPS, data_shards=SHARDS,
                 checkpoint_every=EVERY, batch_size=4, pack_len=8, heldout_percent=25, lr=3e-3,
                 model={"width": 16, "heads": 2, "max_positions": 8}, scaling=scaling,
                 mlflow={"register_model": False})
@@ -108,7 +109,8 @@ def run_drafter_pair(store, tiny_llama, corpus: str, root, scaling: dict) -> tup
     """As ``run_preverifier_pair``, for the block drafter."""
     def cfg(run_dir, scaling, **fields):
         return drafter_config(store, tiny_llama, corpus, steps=STEPS, checkpoint_every=EVERY,
-                              batch_size=4, run_dir=str(run_dir), scaling=scaling, **fields)
+                              batch_size=4, data_shards=SHARDS, run_dir=str(run_dir),
+                              scaling=scaling, **fields)
 
     one = train_drafter.run(cfg(root / "one", {"num_workers": 0, "torch_threads": 1}))
     two = train_drafter.run(cfg(root / "two", scaling, fail_at_step=FAIL_AT))
@@ -120,5 +122,7 @@ def run_drafter_pair(store, tiny_llama, corpus: str, root, scaling: dict) -> tup
 
 
 def test_the_global_batch_must_split_over_the_workers(store, tmp_path):
-    with pytest.raises(ValueError, match="batch_size 3 must be divisible by scaling.num_workers"):
+    with pytest.raises(ValueError, match="batch_size 3 must be divisible by data_shards 2"):
         preverifier_config(store, "steps.parquet", tmp_path, two_workers(), batch_size=3)
+    with pytest.raises(ValueError, match="data_shards 3 must be a multiple of scaling.num_workers"):
+        preverifier_config(store, "steps.parquet", tmp_path, two_workers(), data_shards=3)

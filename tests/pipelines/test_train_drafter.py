@@ -52,8 +52,9 @@ def drafter_config(store, tiny_llama, corpus, **fields):
 def test_loss_decreases_on_the_tiny_pair(loss, drafter, store, tiny_llama, tiny_corpus):
     cfg = drafter_config(store, tiny_llama, tiny_corpus, loss=loss,
                          drafter={"block_size": 6, "num_taps": 2} | drafter)
-    seqs = train_drafter.load_sequences(cfg)
-    target, drafter = train_drafter.build_models(cfg, None, seqs)
+    data = train_drafter.local_data(cfg)
+    seqs = data.shards[0]  # one shard: every training text
+    target, drafter = train_drafter.build_models(cfg, None, data)
     net = drafter.net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
     parts = FrozenTargetParts(target.embedding_weight(), target.lm_head_weight())
@@ -120,9 +121,10 @@ def test_tokenizer_mismatch_fails_before_training(store, tiny_llama, tiny_corpus
 def test_response_anchors_start_at_the_first_response_token(store, tiny_llama, tiny_corpus):
     cfg = drafter_config(store, tiny_llama, tiny_corpus, anchors="response",
                          anchors_per_sequence=40)
-    texts = train_drafter.load_sequences(cfg)
+    data = train_drafter.local_data(cfg)
+    texts = data.shards[0]
     assert [t.first_anchor for t in texts] == [8, 8, 8]  # the prompt_len of every row
-    target, _ = train_drafter.build_models(cfg, None, texts)
+    target, _ = train_drafter.build_models(cfg, None, data)
     _, batch = train_drafter.make_batch(target, texts, 6, 40, "text", torch.Generator())
     assert int(batch.block_pos[:, 0].min()) == 8  # every anchor lies in the response
     # every usable anchor (8 .. T-2) of every sequence is drafted from, and no other
@@ -178,12 +180,12 @@ def test_heldout_texts_are_kept_out_and_measured(store, tiny_llama, tiny_corpus)
     cfg = drafter_config(store, tiny_llama, tiny_corpus, steps=4, eval_every=2,
                          heldout_sequences=1, run_dir=str(run_dir))
     loop = train_drafter.setup(cfg, None, None, 0, 1, torch.device("cpu"))
-    assert len(loop.heldout) == 1 and loop.heldout[0] not in loop.sequences
-    assert len(loop.sequences) == len(TEXT) - 1
+    assert len(loop.data.heldout) == 1 and loop.data.heldout[0] not in loop.data.shards[0]
+    assert len(loop.data.shards[0]) == len(TEXT) - 1
     steps = [train_drafter.one_step(loop, s, cfg.steps) for s in range(cfg.steps)]
     measured = [m["step"] for m in steps if "heldout_accept_len_est" in m]
     assert measured == [2, 4]
     assert all(1.0 <= m["heldout_accept_len_est"] <= cfg.drafter.block_size for m in steps
                if m["step"] in measured)
     with pytest.raises(ValueError, match="leaves no training sequence"):
-        train_drafter.split_heldout(loop.sequences, 5, 0)
+        train_drafter.local_data(cfg.model_copy(update={"heldout_sequences": len(TEXT)}))

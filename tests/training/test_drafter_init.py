@@ -7,17 +7,19 @@ import torch
 
 from specdec.models.block_drafter import BlockDrafter, BlockDrafterConfig
 from specdec.models.target import TargetModel
-from specdec.training.drafter_init import copy_target_layer, frequent_tokens
+from specdec.training.drafter_init import copy_target_layer, frequent_tokens, token_counts
 
 
 def test_frequent_tokens_keeps_the_required_ones_and_the_most_common():
     seqs = [[5, 5, 5, 7, 7, 9], [5, 7, 3]]
-    assert frequent_tokens(seqs, 3, always=[2]).tolist() == [2, 5, 7]
-    assert frequent_tokens(seqs, 4).tolist() == [3, 5, 7, 9]  # ties keep first-seen order
+    counts = token_counts(seqs)
+    assert frequent_tokens(counts, 3, always=[2]).tolist() == [2, 5, 7]
+    assert frequent_tokens(counts, 3).tolist() == [3, 5, 7]  # 9 and 3 tie: the smaller id
+    assert frequent_tokens(token_counts(seqs[::-1]), 3).tolist() == [3, 5, 7]
     with pytest.raises(ValueError, match="only 4 distinct"):
-        frequent_tokens(seqs, 5)
+        frequent_tokens(counts, 5)
     with pytest.raises(ValueError, match="cannot hold"):
-        frequent_tokens(seqs, 1, always=[1, 2])
+        frequent_tokens(counts, 1, always=[1, 2])
 
 
 @pytest.fixture()
