@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import FLAT, flat_knob
 from specdec.knobs import add_option
 from specdec.models.drafters import DRAFTERS
-from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
+from specdec.runtime.plan import (
+    ATTENTIONS,
+    BACKENDS,
+    DTYPE_NAMES,
+    KV_CACHE_DTYPES,
+    LINEARS,
+    WAIT_POLICIES,
+)
 
 
 def add_generate(sub) -> None:
@@ -58,6 +66,10 @@ def add_runtime(g) -> None:
     r.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     r.add_argument("--max-model-len", type=int, default=None,
                    help="positions a KV slot holds (default: what memory allows)")
+    r.add_argument("--threads", type=int, default=None,
+                   help="torch's threads (default: the CPUs this process may use)")
+    r.add_argument("--omp-wait-policy", default="auto", choices=WAIT_POLICIES,
+                   help="how OpenMP's threads wait between parallel regions (auto: passive)")
 
 
 def runtime_knobs(args) -> dict:
@@ -92,7 +104,8 @@ def run_plan(args) -> int:
         todo = planned(args.config)
     else:
         todo = [Planned("flags", args.target, RuntimeConfig(
-            args.device, args.dtype, slots=args.slots, **runtime_knobs(args)))]
+            args.device, args.dtype, slots=args.slots, threads=args.threads,
+            omp_wait_policy=args.omp_wait_policy, **runtime_knobs(args)))]
     results, failed = [], False
     if args.device_memory is None and any(not present(i, args) for i in todo):
         raise ValueError("a GPU that is not here: give its memory (--device-memory 80GiB)")
@@ -162,7 +175,21 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
+def start_with_omp_env(args) -> None:
+    """Run this command again in a process started with the plan's OpenMP variables
+    (``specdec.runtime.plan.omp_env``) unless this one was: OpenMP read the environment when
+    torch loaded, so setting them now would change nothing."""
+    from specdec.runtime.plan import omp_env
+
+    env = omp_env(args.omp_wait_policy)
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, "-m", "specdec.cli", *sys.argv[1:]],
+                  {**os.environ, **env})
+
+
 def run_generate(args) -> int:
+    import torch
+
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_pair
     from specdec.engine.settings import GenerationParams, SpecSettings
@@ -178,6 +205,11 @@ def run_generate(args) -> int:
     if args.suffix_index and "suffix" not in DRAFTERS.resolve(args.drafter).needs:
         readers = [e.name for e in DRAFTERS.entries if "suffix" in e.needs]
         raise ValueError(f"--suffix-index needs --drafter {' or '.join(readers)}")
+    from specdec.runtime.plan import RuntimeConfig, omp_env, usable_cpus
+
+    RuntimeConfig(threads=args.threads, omp_wait_policy=args.omp_wait_policy)  # checks them
+    omp_env(args.omp_wait_policy)  # an asked policy the environment contradicts is an error
+    torch.set_num_threads(args.threads or usable_cpus()[0])  # the plan records torch's threads
     pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device,
                      SuffixConfig(index=args.suffix_index), args.block_drafter,
                      **runtime_knobs(args))
@@ -233,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.func is run_generate and argv is None:  # the program itself, not a caller's
+            start_with_omp_env(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)
