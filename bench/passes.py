@@ -215,8 +215,8 @@ def child(args) -> None:
     torch.set_num_threads(args.threads[0])
     target = load_target(args.target, dtype="auto", kv_slots=2)
     rates = decode_rates(Passes(target, 1, args.context), args.tokens, args.repeats)
-    print(json.dumps({**rates, "spin_ms": spin_ms(),
-                      "omp": {k: os.environ.get(k) for k in OMP_VARS}}))
+    print(json.dumps({**rates, "spin_ms": spin_ms(), "omp": {k: os.environ.get(k) for k in OMP_VARS},
+                      "plan": target.plan.describe() if target.plan else "transformers"}))
 
 
 def main(argv=None) -> None:

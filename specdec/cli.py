@@ -74,7 +74,8 @@ def add_runtime(g) -> None:
 
 def runtime_knobs(args) -> dict:
     return dict(backend=args.backend, linears=args.linears, attention=args.attention,
-                kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len)
+                kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len,
+                omp_wait_policy=args.omp_wait_policy)
 
 
 def add_plan(sub) -> None:
@@ -105,7 +106,7 @@ def run_plan(args) -> int:
     else:
         todo = [Planned("flags", args.target, RuntimeConfig(
             args.device, args.dtype, slots=args.slots, threads=args.threads,
-            omp_wait_policy=args.omp_wait_policy, **runtime_knobs(args)))]
+            **runtime_knobs(args)))]
     results, failed = [], False
     if args.device_memory is None and any(not present(i, args) for i in todo):
         raise ValueError("a GPU that is not here: give its memory (--device-memory 80GiB)")
@@ -175,21 +176,24 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def start_with_omp_env(args) -> None:
-    """Run this command again in a process started with the plan's OpenMP variables
-    (``specdec.runtime.plan.omp_env``) unless this one was: OpenMP read the environment when
-    torch loaded, so setting them now would change nothing."""
-    from specdec.runtime.plan import omp_env
+def own_process(args) -> None:
+    """What ``specdec generate``, the program, applies of its plan to its process before it
+    loads: OpenMP's variables (``specdec.runtime.plan.omp_env``: it runs again in a process
+    started with them unless this one was, since OpenMP read the environment when torch
+    loaded) and torch's threads (the plan records them)."""
+    import torch
 
-    env = omp_env(args.omp_wait_policy)
+    from specdec.runtime.plan import RuntimeConfig, omp_env, usable_cpus
+
+    asked = RuntimeConfig(threads=args.threads, omp_wait_policy=args.omp_wait_policy)
+    env = omp_env(asked.omp_wait_policy)
     if any(os.environ.get(k) != v for k, v in env.items()):
         os.execve(sys.executable, [sys.executable, "-m", "specdec.cli", *sys.argv[1:]],
                   {**os.environ, **env})
+    torch.set_num_threads(asked.threads or usable_cpus()[0])
 
 
 def run_generate(args) -> int:
-    import torch
-
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_pair
     from specdec.engine.settings import GenerationParams, SpecSettings
@@ -205,11 +209,6 @@ def run_generate(args) -> int:
     if args.suffix_index and "suffix" not in DRAFTERS.resolve(args.drafter).needs:
         readers = [e.name for e in DRAFTERS.entries if "suffix" in e.needs]
         raise ValueError(f"--suffix-index needs --drafter {' or '.join(readers)}")
-    from specdec.runtime.plan import RuntimeConfig, omp_env, usable_cpus
-
-    RuntimeConfig(threads=args.threads, omp_wait_policy=args.omp_wait_policy)  # checks them
-    omp_env(args.omp_wait_policy)  # an asked policy the environment contradicts is an error
-    torch.set_num_threads(args.threads or usable_cpus()[0])  # the plan records torch's threads
     pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device,
                      SuffixConfig(index=args.suffix_index), args.block_drafter,
                      **runtime_knobs(args))
@@ -265,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.func is run_generate and argv is None:  # the program itself, not a caller's
-            start_with_omp_env(args)
+        if args.func is run_generate and argv is None:  # the program, not a caller in-process
+            own_process(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)

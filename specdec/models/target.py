@@ -115,14 +115,14 @@ class TargetModel:
                         device="cpu", backend: str = "auto", pool_size: int = 8,
                         attention: str = "auto", linears: str = "auto",
                         kv_cache_dtype: str = "auto", max_model_len: int | None = None,
-                        runtime_backend: str = "auto"):
+                        runtime_backend: str = "auto", omp_wait_policy: str = "auto"):
         """The model ``ref`` (``sources.resolve``): on the runtime its plan is resolved first,
         from its config alone, and decides the dtype, the device and which weights load."""
         path = resolve(ref)
         plan = load_plan(path, AutoConfig.from_pretrained(path), dtype, device, backend,
                          runtime_backend=runtime_backend, linears=linears, attention=attention,
                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                         slots=pool_size)
+                         slots=pool_size, omp_wait_policy=omp_wait_policy)
         torch_dtype = load_dtype(plan, dtype)
         where = torch.device(plan.device) if plan else parse_device(device)
         codes = plan is not None and plan.linears in ("int8", "quantized")
