@@ -180,7 +180,9 @@ def arm_process(args, env: dict, threads: int) -> dict:
            "--threads", str(threads), "--tokens", str(args.tokens), "--repeats",
            str(args.repeats), "--context", str(args.context)]
     start = {k: v for k, v in os.environ.items() if k not in OMP_VARS} | env
-    out = subprocess.run(cmd, env=start, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd, env=start, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"the arm {env} at {threads} threads failed:\n{out.stderr[-3000:]}")
     got = json.loads(out.stdout.splitlines()[-1])
     alone, beside = statistics.median(got["alone"]), statistics.median(got["beside"])
     return {"alone_tok_s": alone, "beside_tok_s": beside, "ratio": round(beside / alone, 3),
