@@ -388,7 +388,7 @@ def pick_wait_policy(asked: str, environ: Mapping[str, str] | None, reasons: lis
         reasons.append(f"omp_wait_policy: {value}, as the environment's OMP_WAIT_POLICY says")
     elif asked == "auto":
         reasons.append("omp_wait_policy auto: passive, so a busy neighbour does not stall the "
-                       "passes (in a process started with OMP_WAIT_POLICY=PASSIVE: omp_env)")
+                       "passes; it runs in a process started with OMP_WAIT_POLICY=PASSIVE")
     if environ.get("GOMP_SPINCOUNT"):
         reasons.append(f"GOMP_SPINCOUNT={environ['GOMP_SPINCOUNT']} in the environment: OpenMP's "
                        f"threads spin that long before they sleep, whatever the policy")
