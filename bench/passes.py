@@ -15,13 +15,24 @@ between the arms' last outputs. ``bench.ceiling`` prices the served loop on the 
 
     python -m bench.passes --arm 'default={}' --arm 'torch={"linears": "torch"}' \\
         --passes 1x1 8x1 8x4 16x1 --prompts 100 --context 160 --out DIR
+
+``--neighbour``: plain decoding (one request, ``--tokens`` one-token passes in a row) alone and
+beside one busy process (``python -c "while True: pass"``), in turn, for each thread count and
+each arm, here a set of OpenMP environment variables (default: libgomp's default, ACTIVE,
+PASSIVE). OpenMP reads them when torch loads, so each arm runs in a fresh process, which also
+records how long its OpenMP threads spin while the process sleeps (``spin_ms``: the policy took).
+
+    python -m bench.passes --neighbour --threads 1 2 --tokens 64 --repeats 3 --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -127,19 +138,110 @@ def parse_arm(text: str) -> tuple[str, dict]:
     return name, json.loads(options)
 
 
+WAIT_ARMS = {"default": {}, "active": {"OMP_WAIT_POLICY": "ACTIVE"},
+             "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # unset in every arm but its own
+
+
+def spin_ms() -> float:
+    """CPU ms this process takes in 100 ms of sleep right after a parallel region on two threads
+    or more: its OpenMP threads spinning while they wait for the next one (0: they sleep)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))
+    torch.ones(1 << 22).add_(1.0)
+    start = time.process_time()
+    time.sleep(0.1)
+    torch.set_num_threads(threads)
+    return round((time.process_time() - start) * 1e3, 1)
+
+
+def decode_rates(passes: Passes, tokens: int, repeats: int) -> dict[str, list[float]]:
+    """tok/s of ``tokens`` one-token passes in a row, alone and beside a busy process, in turn."""
+    rates = {"alone": [], "beside": []}
+    passes.time([1])  # warm
+    for _ in range(repeats):
+        for where in rates:
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
+                if where == "beside" else None
+            try:
+                time.sleep(0.3 if busy else 0)  # the neighbour's interpreter up and spinning
+                ms = sum(passes.time([1]) for _ in range(tokens))
+            finally:
+                if busy:
+                    busy.kill()
+                    busy.wait()
+            rates[where].append(round(tokens * 1e3 / ms, 2))
+    return rates
+
+
+def arm_process(args, env: dict, threads: int) -> dict:
+    """One arm of ``--neighbour`` in a fresh process started with ``env``; its medians."""
+    cmd = [sys.executable, "-m", "bench.passes", "--child", "--target", args.target,
+           "--threads", str(threads), "--tokens", str(args.tokens), "--repeats",
+           str(args.repeats), "--context", str(args.context)]
+    start = {k: v for k, v in os.environ.items() if k not in OMP_VARS} | env
+    out = subprocess.run(cmd, env=start, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"the arm {env} at {threads} threads failed:\n{out.stderr[-3000:]}")
+    got = json.loads(out.stdout.splitlines()[-1])
+    alone, beside = statistics.median(got["alone"]), statistics.median(got["beside"])
+    return {"alone_tok_s": alone, "beside_tok_s": beside, "ratio": round(beside / alone, 3),
+            **got}
+
+
+def neighbour(args, argv) -> None:
+    """Every arm at every thread count; the result written after each (a cut run keeps them)."""
+    arms = dict(parse_arm(a) for a in args.arm) or WAIT_ARMS
+    result = {"date": now(), "machine": machine_line(), "arms": arms,
+              "command": command("bench.passes", argv), "tokens": args.tokens,
+              "context": args.context, "rows": []}
+    head = "| arm | threads | spin ms | alone tok/s | beside tok/s | beside / alone |"
+    lines = [f"Plain decoding ({args.tokens} tokens after {args.context} cached ones; medians of "
+             f"{args.repeats}), alone and beside one busy process:", "", head,
+             "|" + " --- |" * 6]
+    for threads in args.threads:
+        for name, env in arms.items():
+            row = {"arm": name, "env": env, "threads": threads, **arm_process(args, env, threads)}
+            result["rows"].append(row)
+            lines.append(f"| {name} | {threads} | {row['spin_ms']} | {row['alone_tok_s']:.1f} | "
+                         f"{row['beside_tok_s']:.1f} | {row['ratio']:.2f} |")
+            print(lines[-1], flush=True)
+            if args.out:
+                write(args.out, "neighbour", result, "\n".join(lines) + "\n")
+
+
+def child(args) -> None:
+    """An arm's process: the default target's plain decoding, one JSON line on stdout."""
+    from specdec.engine.loading import load_target
+
+    torch.set_num_threads(args.threads[0])
+    target = load_target(args.target, dtype="auto", kv_slots=2)
+    rates = decode_rates(Passes(target, 1, args.context), args.tokens, args.repeats)
+    print(json.dumps({**rates, "spin_ms": spin_ms(), "omp": {k: os.environ.get(k) for k in OMP_VARS},
+                      "plan": target.plan.describe() if target.plan else "transformers"}))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--arm", action="append", default=[], help="NAME=JSON of load_target options")
+    ap.add_argument("--arm", action="append", default=[],
+                    help="NAME=JSON of load_target options (--neighbour: of OpenMP variables)")
     ap.add_argument("--passes", nargs="+", default=["1x1", "8x1", "8x4", "16x1"], help="BxT")
     ap.add_argument("--prompts", type=int, nargs="*", default=[100])
     ap.add_argument("--context", type=int, default=160)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, nargs="+", default=[2])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--neighbour", action="store_true",
+                    help="plain decoding alone and beside a busy process, each arm an OpenMP env")
+    ap.add_argument("--tokens", type=int, default=64, help="--neighbour: tokens a run decodes")
+    ap.add_argument("--repeats", type=int, default=3, help="--neighbour: runs of each")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child or args.neighbour:
+        return child(args) if args.child else neighbour(args, argv)
     from specdec.engine.loading import load_target
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
     shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
     running = max(b for b, _ in shapes)
     options = dict(parse_arm(a) for a in args.arm) or {"default": {}}

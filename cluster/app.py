@@ -31,15 +31,19 @@ from specdec.models.preverifier import UNTRAINED
 from specdec.models.registry import is_registry_ref
 from specdec.models.sources import NAMED_SOURCES
 from specdec.models.suffix_index import read_config
+from specdec.runtime.plan import omp_env
 
 BUILT_IN = {*DRAFTERS.named(), UNTRAINED}  # drafter / pre-verifier kinds with no files
 
 
 def runtime_env(args: ServeArgs) -> dict:
-    """What every process of the app needs in its environment: the MLflow store, if set."""
-    if args.mlflow_tracking_uri is None:
-        return {}
-    return {"env_vars": {"MLFLOW_TRACKING_URI": args.mlflow_tracking_uri}}
+    """What every process of the app needs in its environment: OpenMP's wait policy, which it
+    reads when torch loads, before any of the actor's code runs (``omp_env``); the MLflow store,
+    if set."""
+    env = omp_env(args.omp_wait_policy)
+    if args.mlflow_tracking_uri is not None:
+        env["MLFLOW_TRACKING_URI"] = args.mlflow_tracking_uri
+    return {"env_vars": env}
 
 
 def actor_options(resources: Resources, args: ServeArgs, bundle: int | None = None) -> dict:

@@ -28,8 +28,15 @@ from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
-from specdec.planning import SERVE_SLOTS
-from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
+from specdec.planning import SERVE_SLOTS, SERVE_THREADS
+from specdec.runtime.plan import (
+    ATTENTIONS,
+    BACKENDS,
+    DTYPE_NAMES,
+    KV_CACHE_DTYPES,
+    LINEARS,
+    WAIT_POLICIES,
+)
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -46,7 +53,8 @@ class Resources(Strict):
 
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
-    threads: PositiveInt = 1  # torch.set_num_threads in the actor (Ray sets OMP to 1 otherwise)
+    # torch.set_num_threads in the actor (Ray sets OMP to 1 otherwise); the plan shows it
+    threads: PositiveInt = SERVE_THREADS
     # Ray custom resources the actor needs (a node offers them: `ray start --resources`), e.g.
     # {"node_a": 1}: they pin an actor, and with it its replica's placement group, to such nodes
     resources: dict[str, Annotated[float, Field(ge=0)]] = {}
@@ -140,6 +148,10 @@ class ServeArgs(Strict):
     # positions a request's KV slot holds (prompt and output); None: as many as the device's
     # memory allows for limits.kv_slots slots, at most the model's context
     max_model_len: PositiveInt | None = None
+    # how OpenMP's threads wait between parallel regions, in every process of the app (the
+    # actors' and the replica's runtime_env: OMP_WAIT_POLICY); auto: passive, or what the
+    # environment's OMP_WAIT_POLICY says
+    omp_wait_policy: Literal[WAIT_POLICIES] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import FLAT, flat_knob
 from specdec.knobs import add_option
 from specdec.models.drafters import DRAFTERS
-from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
+from specdec.runtime.plan import (
+    ATTENTIONS,
+    BACKENDS,
+    DTYPE_NAMES,
+    KV_CACHE_DTYPES,
+    LINEARS,
+    WAIT_POLICIES,
+)
 
 
 def add_generate(sub) -> None:
@@ -58,11 +66,16 @@ def add_runtime(g) -> None:
     r.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     r.add_argument("--max-model-len", type=int, default=None,
                    help="positions a KV slot holds (default: what memory allows)")
+    r.add_argument("--threads", type=int, default=None,
+                   help="torch's threads (default: the CPUs this process may use)")
+    r.add_argument("--omp-wait-policy", default="auto", choices=WAIT_POLICIES,
+                   help="how OpenMP's threads wait between parallel regions (auto: passive)")
 
 
 def runtime_knobs(args) -> dict:
     return dict(backend=args.backend, linears=args.linears, attention=args.attention,
-                kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len)
+                kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len,
+                omp_wait_policy=args.omp_wait_policy)
 
 
 def add_plan(sub) -> None:
@@ -92,7 +105,8 @@ def run_plan(args) -> int:
         todo = planned(args.config)
     else:
         todo = [Planned("flags", args.target, RuntimeConfig(
-            args.device, args.dtype, slots=args.slots, **runtime_knobs(args)))]
+            args.device, args.dtype, slots=args.slots, threads=args.threads,
+            **runtime_knobs(args)))]
     results, failed = [], False
     if args.device_memory is None and any(not present(i, args) for i in todo):
         raise ValueError("a GPU that is not here: give its memory (--device-memory 80GiB)")
@@ -160,6 +174,23 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
                                             add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     return tokenizer(text)["input_ids"]
+
+
+def own_process(args) -> None:
+    """What ``specdec generate``, the program, applies of its plan to its process before it
+    loads: OpenMP's variables (``specdec.runtime.plan.omp_env``: it runs again in a process
+    started with them unless this one was, since OpenMP read the environment when torch
+    loaded) and torch's threads (the plan records them)."""
+    import torch
+
+    from specdec.runtime.plan import RuntimeConfig, omp_env, usable_cpus
+
+    asked = RuntimeConfig(threads=args.threads, omp_wait_policy=args.omp_wait_policy)
+    env = omp_env(asked.omp_wait_policy)
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        os.execve(sys.executable, [sys.executable, "-m", "specdec.cli", *sys.argv[1:]],
+                  {**os.environ, **env})
+    torch.set_num_threads(asked.threads or usable_cpus()[0])
 
 
 def run_generate(args) -> int:
@@ -233,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.func is run_generate and argv is None:  # the program, not a caller in-process
+            own_process(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)

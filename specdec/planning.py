@@ -3,8 +3,10 @@
 A file is a serve config (``applications``: each app's ``args``), a KubeRay manifest (a
 RayService's ``serveConfigV2``, or a RayJob's entrypoint ``--config FILE``), or a pipeline
 config (a top-level ``target``). Each names a target and its runtime knobs (``dtype``,
-``backend``, ``linears``, ``attention``, ``kv_cache_dtype``, ``max_model_len``) and declares its
-device: a serve app's target actor is on a GPU when ``target_resources.num_gpus > 0``; a
+``backend``, ``linears``, ``attention``, ``kv_cache_dtype``, ``max_model_len``,
+``omp_wait_policy``; the threads: a serve app's ``target_resources.threads``, a pipeline's
+``torch_threads``) and declares its device: a serve app's target actor is on a GPU when
+``target_resources.num_gpus > 0``; a
 pipeline's when its ``device`` says so, or its actors or workers take GPUs. A pipeline's
 target holds ``actors.batch_size`` requests at once (else ``kv_slots``, else
 ``PIPELINE_SLOTS``) of ``max_model_len`` positions (a drafter's training: ``max_seq_len``). Only
@@ -22,8 +24,10 @@ import yaml
 from specdec.runtime.plan import RuntimeConfig
 
 SERVE_SLOTS = 32  # a serve config's limits.kv_slots when it sets none (cluster.schema.Limits reads it)
+SERVE_THREADS = 1  # an actor's torch threads when its resources set none (cluster.schema reads it)
 PIPELINE_SLOTS = 8  # a pipeline's target without a batch size: load_target's default
-KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len")
+KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len",
+         "omp_wait_policy")
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,12 @@ def knobs(args: dict) -> dict:
 
 def serve_app(app: dict, source: str) -> Planned:
     args = app["args"]
-    gpu = (args.get("target_resources") or {}).get("num_gpus", 0) > 0
+    resources = args.get("target_resources") or {}
+    gpu = resources.get("num_gpus", 0) > 0
     slots = (args.get("limits") or {}).get("kv_slots", SERVE_SLOTS)
     return Planned(source, args["target"],
-                   RuntimeConfig(device="cuda" if gpu else "cpu", slots=slots, **knobs(args)))
+                   RuntimeConfig(device="cuda" if gpu else "cpu", slots=slots,
+                                 threads=resources.get("threads", SERVE_THREADS), **knobs(args)))
 
 
 def pipeline(doc: dict, source: str) -> Planned:
@@ -87,5 +93,7 @@ def pipeline(doc: dict, source: str) -> Planned:
     device = doc.get("device") or ("cuda" if gpu else "cpu")
     slots = actors.get("batch_size") or doc.get("kv_slots") or PIPELINE_SLOTS
     sized = {"max_model_len": doc["max_seq_len"]} if "max_seq_len" in doc else {}
+    threads = actors.get("torch_threads") or scaling.get("torch_threads")
     return Planned(source, doc["target"],
-                   RuntimeConfig(device=device, slots=slots, **(sized | knobs(doc))))
+                   RuntimeConfig(device=device, slots=slots, threads=threads,
+                                 **(sized | knobs(doc))))

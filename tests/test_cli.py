@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -86,3 +89,20 @@ def test_suffix_index_without_a_suffix_drafter_is_an_error(tiny_llama, capsys):
     assert main(["generate", "--target", tiny_llama["target"], "--suffix-index", "x",
                  "--prompt", "x"]) == 2
     assert "--suffix-index needs --drafter suffix or hybrid" in capsys.readouterr().err
+
+
+def test_generate_starts_again_with_the_plans_openmp_variables_and_threads(tiny_llama):
+    """The program, not in-process: started without OMP_WAIT_POLICY, it runs in a process
+    started with the plan's (OpenMP reads it only when torch loads), on the CPUs it may use."""
+    from specdec.runtime.plan import usable_cpus
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    run = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "--target",
+                          tiny_llama["target"], "--dtype", "float64", "--max-new-tokens", "2",
+                          "--prompt", "a", "--json"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    plan = json.loads(run.stdout)["plan"]
+    assert (plan["omp_wait_policy"], plan["threads"]) == ("passive", usable_cpus()[0])
+    assert "omp_wait_policy: passive, as the environment's OMP_WAIT_POLICY says" in plan["reasons"]
+    assert "OpenMP wait policy passive" in run.stderr  # the plan it printed at start

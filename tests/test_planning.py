@@ -59,3 +59,22 @@ def test_plan_cli_json_and_a_plan_that_does_not_fit(capsys):
                  "8GiB", "--slots", "512", "--max-model-len", "8192"]) == 1
     out = capsys.readouterr().out
     assert "does not fit" in out and "max_model_len" in out and "kv_slots" in out
+
+
+def test_the_plan_takes_the_configs_threads_and_wait_policy(tmp_path, monkeypatch, capsys):
+    """A serve app's target actor's threads, a pipeline's torch_threads, the serve arg
+    omp_wait_policy; on the command line --threads and --omp-wait-policy."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    [served] = planned(ROOT / "configs/serve/gpu.yaml")
+    assert (served.config.threads, served.config.omp_wait_policy) == (2, "auto")
+    [pipeline] = planned(ROOT / "configs/train/evaluate.yaml")
+    assert pipeline.config.threads == 2
+    app = {"applications": [{"name": "a", "args": {"target": "smollm2-135m",
+                                                   "omp_wait_policy": "active"}}]}
+    (tmp_path / "serve.yaml").write_text(json.dumps(app))
+    [active] = planned(tmp_path / "serve.yaml")
+    assert (active.config.threads, active.config.omp_wait_policy) == (1, "active")
+    assert main(["plan", "--target", "smollm2-135m", "--device", "cpu", "--threads", "3",
+                 "--omp-wait-policy", "active", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert (plan["threads"], plan["omp_wait_policy"]) == (3, "active")

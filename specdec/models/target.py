@@ -104,7 +104,8 @@ class TargetModel:
         if self.backend == "runtime":
             self.plan = plan or resolve_plan(RuntimeConfig(
                 str(self.device), dtype_name(self.dtype), runtime_backend, linears, attention,
-                kv_cache_dtype, max_model_len, pool_size), config, blocks is not None)
+                kv_cache_dtype, max_model_len, pool_size, torch.get_num_threads()), config,
+                blocks is not None)
             self.runtime = load_forward(model, self.plan, blocks, self.tap_layers)
             self.max_length = self.plan.max_model_len
             log.info("%s", self.plan.describe())
@@ -114,14 +115,14 @@ class TargetModel:
                         device="cpu", backend: str = "auto", pool_size: int = 8,
                         attention: str = "auto", linears: str = "auto",
                         kv_cache_dtype: str = "auto", max_model_len: int | None = None,
-                        runtime_backend: str = "auto"):
+                        runtime_backend: str = "auto", omp_wait_policy: str = "auto"):
         """The model ``ref`` (``sources.resolve``): on the runtime its plan is resolved first,
         from its config alone, and decides the dtype, the device and which weights load."""
         path = resolve(ref)
         plan = load_plan(path, AutoConfig.from_pretrained(path), dtype, device, backend,
                          runtime_backend=runtime_backend, linears=linears, attention=attention,
                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                         slots=pool_size)
+                         slots=pool_size, omp_wait_policy=omp_wait_policy)
         torch_dtype = load_dtype(plan, dtype)
         where = torch.device(plan.device) if plan else parse_device(device)
         codes = plan is not None and plan.linears in ("int8", "quantized")
@@ -230,10 +231,12 @@ def load_plan(path, config, dtype, device, backend: str = "auto", runtime_backen
               present: bool = True, **knobs) -> Plan | None:
     """The plan ``from_pretrained`` resolves for the model at ``path`` (from its config alone;
     ``knobs``: the other ``RuntimeConfig`` fields; ``present``: the device is here), or None
-    when transformers runs it."""
+    when transformers runs it. Its threads are torch's in this process, which the process set
+    before loading (``specdec generate`` and the served actors set them from their plan)."""
     if pick_backend(config, backend, quiet=True) != "runtime":
         return None
     name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    knobs.setdefault("threads", torch.get_num_threads())
     return resolve_plan(RuntimeConfig(str(device), name, runtime_backend, **knobs), config,
                         gguf_blocks.present(path), present=present)
 

@@ -15,15 +15,26 @@ Backends: ``torch`` runs anywhere torch does (CUDA, any CPU, ``meta``): ``F.line
 CPUs: specdec's AVX-512 kernels where the CPU has them, oneDNN's packed linears, batch
 invariance by probes in bfloat16. ``auto`` is x86 on an x86-64 CPU, torch elsewhere. A plan
 whose backend is torch never imports the x86 package.
+
+Threads and waiting (any backend): ``threads`` is torch's intra-op thread count (default: the
+CPUs this process may use, ``usable_cpus``); ``omp_wait_policy`` is how OpenMP's threads wait at
+the end of a parallel region: ``passive`` (they sleep at once) or ``active`` (they spin).
+libgomp, torch's OpenMP, reads ``OMP_WAIT_POLICY`` once, when it loads with torch, so setting it
+later in a process changes nothing: the plan decides, and a process applies it by starting with
+``omp_env``'s variables (the served app puts them in its actors' ``runtime_env``; ``specdec
+generate`` starts itself again with them; a program that runs the engine in-process sets them
+before it imports torch). A variable the user set is respected, and the plan says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import platform
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +48,8 @@ DTYPE_NAMES = (*sorted(DTYPES), "auto")
 LINEARS = ("auto", "torch", "onednn", "panels", "quantized", "int8")
 ATTENTIONS = ("auto", "sdpa", "kernel", "grouped", "per_query")
 KV_CACHE_DTYPES = ("auto", "model", "float16")
+WAIT_POLICIES = ("auto", "active", "passive")
+CGROUP = Path("/sys/fs/cgroup")  # a container's own cgroup (a Kubernetes pod's CPU limit)
 ROUND_LEN = 256  # an automatic max_model_len is a multiple of this
 # the share of a GPU's memory a plan may take (the rest: CUDA's context, the allocator's slack)
 GPU_SHARE = 0.9
@@ -60,11 +73,14 @@ class RuntimeConfig:
     kv_cache_dtype: str = "auto"  # model, float16 (x86's attention kernel), or auto
     max_model_len: int | None = None  # positions a KV slot holds; None: what memory allows
     slots: int = 8  # KV slots: requests held at once
+    threads: int | None = None  # torch's intra-op threads; None: the CPUs this process may use
+    omp_wait_policy: str = "auto"  # how OpenMP's threads wait: passive, active, or auto
 
     def __post_init__(self):
         for name, allowed in (("dtype", DTYPE_NAMES), ("backend", BACKENDS),
                               ("linears", LINEARS), ("attention", ATTENTIONS),
-                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
+                              ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("omp_wait_policy", WAIT_POLICIES)):
             if getattr(self, name) not in allowed:
                 raise PlanError(f"{name} must be one of {list(allowed)}, "
                                 f"not {getattr(self, name)!r}")
@@ -72,6 +88,10 @@ class RuntimeConfig:
             raise PlanError(f"slots (kv_slots) must be >= 1, got {self.slots}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise PlanError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.threads is not None and (isinstance(self.threads, bool)
+                                         or not isinstance(self.threads, int) or self.threads < 1):
+            raise PlanError(f"threads (torch's intra-op threads) must be an integer >= 1, "
+                            f"got {self.threads!r}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +124,8 @@ class Plan:
     max_model_len: int
     slots: int
     memory: Memory
+    threads: int  # torch's intra-op threads
+    omp_wait_policy: str  # passive | active: how OpenMP's threads wait between parallel regions
     reasons: tuple[str, ...] = ()  # how each auto was decided
 
     @property
@@ -137,6 +159,9 @@ def describe(plan: dict) -> str:
              f"  {plan['slots']} slots x {plan['max_model_len']} positions; memory: weights "
              f"{gib(m['weights'])}, KV pool {gib(m['kv_pool'])}, workspace "
              f"{gib(m['workspace'])}, total {gib(m['total'])} of {room}"]
+    if "threads" in plan:  # a plan of before these fields (an older server's /health) has none
+        lines.append(f"  {plan['threads']} torch threads, OpenMP wait policy "
+                     f"{plan['omp_wait_policy']}")
     return "\n".join(lines + [f"  ({r})" for r in plan["reasons"]])
 
 
@@ -192,11 +217,13 @@ def x86_cpu() -> bool:
 
 
 def resolve_plan(config: RuntimeConfig, model_config, blocks: bool = False,
-                 memory: int | str | None = None, present: bool = True) -> Plan:
+                 memory: int | str | None = None, present: bool = True,
+                 environ: Mapping[str, str] | None = None) -> Plan:
     """The plan of ``config`` for a model of ``model_config`` (``blocks``: whether its GGUF
     blocks are beside it, which the x86 backend's int8 and quantized linears run);
     ``memory``: what the plan may take of the device (None: ``device_memory``, unknown for a GPU
-    that is not here: no bound; a size such as ``80GiB``); ``present``: the device is here."""
+    that is not here: no bound; a size such as ``80GiB``); ``present``: the device is here;
+    ``environ``: the environment the process runs in (None: this one's)."""
     reason = unsupported(model_config)
     if reason:
         raise PlanError(f"the runtime cannot run this model: {reason}")
@@ -211,9 +238,11 @@ def resolve_plan(config: RuntimeConfig, model_config, blocks: bool = False,
     kinds = resolve_kinds(config, shape, blocks, reasons)
     bound = parse_size(memory) if memory is not None else device_memory(device)
     max_len, mem = fit(config, model_config, shape, kinds, bound, reasons)
+    threads = pick_threads(config.threads, reasons)
+    policy = pick_wait_policy(config.omp_wait_policy, environ, reasons)
     return Plan(str(device), backend, kinds["dtype"], kinds["numerics"], kinds["linears"],
                 kinds["attention"], kinds["kv_cache_dtype"], kinds["batch_invariant"],
-                kinds["fused"], max_len, config.slots, mem, tuple(reasons))
+                kinds["fused"], max_len, config.slots, mem, threads, policy, tuple(reasons))
 
 
 def pick_backend(name: str, device: torch.device) -> str:
@@ -296,3 +325,80 @@ def fit(config: RuntimeConfig, model_config, shape: Shape, kinds: dict, bound: i
             f"workspace {gib(workspace)} = {gib(mem.total)} > {gib(bound)}: lower max_model_len "
             f"or kv_slots (the batch size of a pipeline), or use a smaller dtype")
     return max_len, mem
+
+
+def usable_cpus(affinity: int | None = None, cgroup: Path = CGROUP) -> tuple[int, str]:
+    """The CPUs this process may keep busy, and how that was found: the CPUs it may run on
+    (``affinity``; None: ``os.sched_getaffinity``), at most its cgroup's CPU quota rounded down
+    (threads beyond a quota are throttled: each period they stall together until the next one),
+    and at least 1."""
+    if affinity is None:
+        affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            os.cpu_count() or 1
+    quota = cpu_quota(cgroup)
+    if quota is None or quota >= affinity:
+        return affinity, f"{affinity} CPUs this process may run on"
+    return max(1, math.floor(quota)), f"a cgroup CPU quota of {quota:g} of {affinity} CPUs"
+
+
+def cpu_quota(cgroup: Path = CGROUP) -> float | None:
+    """The CPU quota of the cgroup mounted at ``cgroup`` in CPUs (cgroup v2 ``cpu.max``: ``QUOTA
+    PERIOD`` or ``max PERIOD``; v1 ``cpu/cpu.cfs_quota_us`` and ``cpu.cfs_period_us``), None
+    when it sets none."""
+    try:
+        quota, _, period = (cgroup / "cpu.max").read_text().partition(" ")
+    except OSError:
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text()
+        except OSError:
+            return None
+    quota = quota.strip()
+    if quota in ("max", "-1"):
+        return None
+    return int(quota) / int(period)
+
+
+def pick_threads(asked: int | None, reasons: list) -> int:
+    if asked is not None:
+        return asked
+    n, why = usable_cpus()
+    reasons.append(f"threads auto: {n}, {why}")
+    return n
+
+
+def pick_wait_policy(asked: str, environ: Mapping[str, str] | None, reasons: list) -> str:
+    """``$OMP_WAIT_POLICY`` when the environment sets it (libgomp has read it: an asked policy
+    that differs is an error); else auto is passive. A waiting thread that spins keeps its core
+    from whatever else runs there -- the replica, Ray's processes, another request's work --
+    and when that neighbour holds the core the other threads stall at the barrier; one that
+    sleeps gives the core back, for a wake-up each region costs alone. On a GPU the passes
+    run there and OpenMP only runs the host's small steps: the policy matters little."""
+    environ = os.environ if environ is None else environ
+    given = environ.get("OMP_WAIT_POLICY")
+    if given:
+        value = given.strip().lower()
+        if value not in ("active", "passive"):
+            raise PlanError(f"OMP_WAIT_POLICY is {given!r} in the environment; OpenMP takes "
+                            f"ACTIVE or PASSIVE (or unset it: omp_wait_policy then decides)")
+        if asked not in ("auto", value):
+            raise PlanError(f"omp_wait_policy: {asked}, but the environment sets "
+                            f"OMP_WAIT_POLICY={given}, which OpenMP read when it loaded: unset "
+                            f"it, or omp_wait_policy: auto or {value}")
+        reasons.append(f"omp_wait_policy: {value}, as the environment's OMP_WAIT_POLICY says")
+    elif asked == "auto":
+        reasons.append("omp_wait_policy auto: passive, so a busy neighbour does not stall the "
+                       "passes; it runs in a process started with OMP_WAIT_POLICY=PASSIVE")
+    if environ.get("GOMP_SPINCOUNT"):
+        reasons.append(f"GOMP_SPINCOUNT={environ['GOMP_SPINCOUNT']} in the environment: OpenMP's "
+                       f"threads spin that long before they sleep, whatever the policy")
+    return value if given else "passive" if asked == "auto" else asked
+
+
+def omp_env(asked: str = "auto", environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables a process must start with for the wait policy ``asked``
+    (``RuntimeConfig.omp_wait_policy``) to run: libgomp reads them when it loads, before any of
+    torch's code runs. A value the environment already sets is kept as it is."""
+    environ = os.environ if environ is None else environ
+    policy = pick_wait_policy(asked, environ, [])
+    return {"OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY") or policy.upper()}

@@ -220,7 +220,8 @@ def test_actor_sets_its_torch_threads(tiny_llama):
 
     before = torch.get_num_threads()
     try:
-        assert TargetActor(tiny_llama["target"], threads=2).info().threads == 2
+        info = TargetActor(tiny_llama["target"], threads=2).info()
+        assert info.threads == info.plan["threads"] == 2  # its plan records them
     finally:
         torch.set_num_threads(before)
 

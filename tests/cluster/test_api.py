@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import requests
 
@@ -20,8 +22,15 @@ def engine_tokens(engine, prompt_ids, max_tokens, **spec):
 
 
 def test_health_and_models(served, client):
-    assert requests.get(f"{served}/health", timeout=10).json()["status"] == "ok"
+    health = requests.get(f"{served}/health", timeout=10).json()
+    assert health["status"] == "ok"
     assert [m.id for m in client.models.list().data] == ["tiny"]
+    # the target actor's process started with OpenMP's wait policy (the app's runtime_env), and
+    # its plan shows it and the actor's torch threads
+    plan, policy = health["plan"], os.environ.get("OMP_WAIT_POLICY", "passive").lower()
+    assert (plan["omp_wait_policy"], plan["threads"]) == (policy, 1)
+    assert f"omp_wait_policy: {policy}, as the environment's OMP_WAIT_POLICY says" in \
+        plan["reasons"]
 
 
 @pytest.mark.parametrize("spec", SETTINGS)

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from cluster import placement
-from cluster.app import actor_options
+from cluster.app import actor_options, runtime_env
 from cluster.schema import Resources, ServeArgs
 
 
@@ -84,3 +84,19 @@ def test_actor_options_carry_custom_resources_and_accelerator_type():
     assert options["resources"] == {"node_a": 1} and options["accelerator_type"] == "L4"
     assert "scheduling_strategy" not in options  # no bundle asked for
     assert "accelerator_type" not in actor_options(Resources(), args())
+
+
+def test_every_process_of_the_app_starts_with_the_wait_policy_and_the_mlflow_store(monkeypatch):
+    """OpenMP reads OMP_WAIT_POLICY when torch loads, so the actors and the replica get it in
+    their runtime_env; one the environment sets is kept; one it contradicts is an error."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert runtime_env(args()) == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    env = actor_options(Resources(), args(omp_wait_policy="active", mlflow_tracking_uri="x"))
+    assert env["runtime_env"] == {"env_vars": {"OMP_WAIT_POLICY": "ACTIVE",
+                                               "MLFLOW_TRACKING_URI": "x"}}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert runtime_env(args()) == {"env_vars": {"OMP_WAIT_POLICY": "active"}}
+    with pytest.raises(ValueError, match="omp_wait_policy: passive, but the environment"):
+        runtime_env(args(omp_wait_policy="passive"))
+    with pytest.raises(ValidationError, match="omp_wait_policy"):
+        args(omp_wait_policy="spin")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +142,82 @@ def test_the_torch_backend_equals_transformers(hf, check, monkeypatch):
 
     monkeypatch.setattr(test_runtime, "make", make)
     check(hf)
+
+
+def cgroup(root: Path, **files) -> Path:
+    """A cgroup folder holding ``files`` (``cpu.max``; ``cpu/cpu.cfs_quota_us``, ...)."""
+    for name, text in files.items():
+        path = root / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return root
+
+
+@pytest.mark.parametrize("files,quota,cpus", [
+    ({"cpu.max": "150000 100000"}, 1.5, 1),  # rounded down: threads beyond a quota stall
+    ({"cpu.max": "300000 100000"}, 3.0, 3),
+    ({"cpu.max": "50000 100000"}, 0.5, 1),  # at least one
+    ({"cpu.max": "max 100000"}, None, 4),
+    ({"cpu.max": "800000 100000"}, 8.0, 4),  # the affinity bounds it too
+    ({"cpu__cpu.cfs_quota_us": "200000", "cpu__cpu.cfs_period_us": "100000"}, 2.0, 2),  # v1
+    ({"cpu__cpu.cfs_quota_us": "-1", "cpu__cpu.cfs_period_us": "100000"}, None, 4),
+    ({}, None, 4),
+])
+def test_threads_default_to_the_cpus_the_process_may_use_within_its_cgroup_quota(
+        tmp_path, files, quota, cpus):
+    from specdec.runtime.plan import cpu_quota, usable_cpus
+
+    root = cgroup(tmp_path, **files)
+    assert cpu_quota(root) == quota
+    n, why = usable_cpus(affinity=4, cgroup=root)
+    assert n == cpus and ("quota" in why) == (quota is not None and quota < 4)
+
+
+def test_the_plan_resolves_threads_and_shows_them():
+    from specdec.runtime.plan import usable_cpus
+
+    knobs = dict(device="cpu", dtype="float64", backend="torch", max_model_len=64)
+    plan = resolve_plan(RuntimeConfig(threads=3, **knobs), LlamaConfig(**COMMON), environ={})
+    assert plan.threads == 3 and plan.to_dict()["threads"] == 3
+    assert "3 torch threads, OpenMP wait policy passive" in plan.describe()
+    auto = resolve_plan(RuntimeConfig(**knobs), LlamaConfig(**COMMON), environ={})
+    assert auto.threads == usable_cpus()[0]
+    assert any(r.startswith(f"threads auto: {auto.threads}") for r in auto.reasons)
+    for bad in (0, 1.5, True):
+        with pytest.raises(PlanError, match="threads"):
+            RuntimeConfig(threads=bad)
+
+
+@pytest.mark.parametrize("asked,environ,policy,said", [
+    ("auto", {}, "passive", "omp_wait_policy auto: passive"),
+    ("active", {}, "active", None),
+    ("auto", {"OMP_WAIT_POLICY": "ACTIVE"}, "active", "as the environment's OMP_WAIT_POLICY"),
+    ("passive", {"OMP_WAIT_POLICY": "passive"}, "passive", "as the environment's"),
+    ("auto", {"GOMP_SPINCOUNT": "1000"}, "passive", "GOMP_SPINCOUNT=1000 in the environment"),
+])
+def test_the_wait_policy_is_the_environments_when_it_sets_one_else_auto_is_passive(
+        asked, environ, policy, said):
+    from specdec.runtime.plan import omp_env
+
+    config = RuntimeConfig(device="cpu", dtype="float64", backend="torch", max_model_len=64,
+                           omp_wait_policy=asked)
+    plan = resolve_plan(config, LlamaConfig(**COMMON), environ=environ)
+    assert plan.omp_wait_policy == policy
+    assert said is None or any(said in r for r in plan.reasons)
+    # what a process of this plan starts with: the environment's own value, kept as it is
+    value = environ.get("OMP_WAIT_POLICY") or policy.upper()
+    assert omp_env(asked, environ) == {"OMP_WAIT_POLICY": value}
+
+
+def test_a_wait_policy_the_environment_contradicts_or_a_bad_one_is_an_error_naming_it():
+    from specdec.runtime.plan import omp_env
+
+    with pytest.raises(PlanError, match="omp_wait_policy must be one of"):
+        RuntimeConfig(omp_wait_policy="spin")
+    with pytest.raises(PlanError, match="omp_wait_policy: active, but the environment sets "
+                                        "OMP_WAIT_POLICY=PASSIVE"):
+        omp_env("active", {"OMP_WAIT_POLICY": "PASSIVE"})
+    with pytest.raises(PlanError, match="OMP_WAIT_POLICY is 'spin'"):
+        resolve_plan(RuntimeConfig(device="cpu", dtype="float64", backend="torch",
+                                   max_model_len=64), LlamaConfig(**COMMON),
+                     environ={"OMP_WAIT_POLICY": "spin"})
