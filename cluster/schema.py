@@ -29,7 +29,7 @@ from specdec.algorithms.verify import VERIFIERS
 from specdec.engine.settings import flat_fields, section_models
 from specdec.models.drafters import runs_no_model
 from specdec.planning import SERVE_SLOTS
-from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, KV_CACHE_DTYPES, LINEARS
+from specdec.runtime.plan import ATTENTIONS, BACKENDS, DTYPE_NAMES, ISAS, KV_CACHE_DTYPES, LINEARS
 
 BATCHING = BatchingConfig()
 # Literal[("a", "b")] is Literal["a", "b"]: the names, read from the catalogs.
@@ -137,6 +137,8 @@ class ServeArgs(Strict):
     linears: Literal[LINEARS] = "auto"  # x86: int8 | quantized | panels | onednn | torch
     attention: Literal[ATTENTIONS] = "auto"  # x86: kernel | grouped | per_query | sdpa
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # float16: x86's attention kernel only
+    # x86: the instruction set of specdec's kernels; avx2 runs as on a CPU without AVX-512
+    isa: Literal[ISAS] = "auto"
     # positions a request's KV slot holds (prompt and output); None: as many as the device's
     # memory allows for limits.kv_slots slots, at most the model's context
     max_model_len: PositiveInt | None = None

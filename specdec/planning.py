@@ -3,7 +3,8 @@
 A file is a serve config (``applications``: each app's ``args``), a KubeRay manifest (a
 RayService's ``serveConfigV2``, or a RayJob's entrypoint ``--config FILE``), or a pipeline
 config (a top-level ``target``). Each names a target and its runtime knobs (``dtype``,
-``backend``, ``linears``, ``attention``, ``kv_cache_dtype``, ``max_model_len``) and declares its
+``backend``, ``linears``, ``attention``, ``kv_cache_dtype``, ``max_model_len``, ``isa``) and
+declares its
 device: a serve app's target actor is on a GPU when ``target_resources.num_gpus > 0``; a
 pipeline's when its ``device`` says so, or its actors or workers take GPUs. A pipeline's
 target holds ``actors.batch_size`` requests at once (else ``kv_slots``, else
@@ -23,7 +24,7 @@ from specdec.runtime.plan import RuntimeConfig
 
 SERVE_SLOTS = 32  # a serve config's limits.kv_slots when it sets none (cluster.schema.Limits reads it)
 PIPELINE_SLOTS = 8  # a pipeline's target without a batch size: load_target's default
-KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len")
+KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len", "isa")
 
 
 @dataclass(frozen=True)
