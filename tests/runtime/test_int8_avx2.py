@@ -181,3 +181,22 @@ def test_speculation_on_avx2_int8_commits_plain_decodings_tokens(tiny_llama):
             out = spec.generate(ids, GenerationParams(max_new_tokens=40, spec=s))
             assert out.token_ids == want, (prompt, s.policy, s.verify)
         assert len(want) > 0
+
+
+def test_the_default_target_on_isa_avx2_runs_int8_and_a_verify_is_its_decodes():
+    """SmolLM2-135M (its GGUF's blocks beside it) with ``isa: avx2``, as on a CPU without
+    AVX-512: every projection and the lm_head on the AVX2 int8 kernel, and a verify of 8 tokens
+    gives bitwise the logits of the 8 decodes one by one (batch invariant)."""
+    from specdec.engine.loading import load_target
+
+    target = load_target("smollm2-135m", dtype="auto", kv_slots=2, isa="avx2")
+    fwd = target.runtime
+    assert target.plan.isa == "avx2" and target.plan.batch_invariant
+    assert all(p.kind == "int8" and p.isa == "avx2" for p in fwd.w.projections())
+    slots = [fwd.pool.acquire() for _ in range(2)]
+    for slot in slots:
+        fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
+    new = list(range(6, 14))
+    verify = fwd([Row(slots[0], new, logits_at=range(8))])[0].logits
+    decodes = torch.cat([fwd([Row(slots[1], [t], logits_at=[0])])[0].logits for t in new])
+    assert torch.equal(verify, decodes)
