@@ -8,7 +8,8 @@ extension of its own name (``specdec_int8_avx2``), so both load in one process.
 
 Each is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
-``make setup`` builds all four (``make kernels``: ``main`` below), so serving starts warm. Where one
+``make setup`` builds them all, the int8 linear for each ISA (``make kernels``: ``main`` below),
+so serving starts warm. Where one
 cannot be had (another CPU, no compiler, a failed build) ``build`` returns the reason, and the
 runtime says so once and runs torch's own kernels.
 """
