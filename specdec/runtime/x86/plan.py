@@ -3,10 +3,13 @@ attention, KV dtype and dtype run on this CPU, given what its kernels need and w
 build here. Every ``auto`` of the x86 backend is decided here; asked-for kinds that cannot run
 are errors naming the knob and the reason.
 
-How ``auto`` decides, by measurement (docs/RESULTS.md, "Runtime"):
-- isa (the kernels' instruction set): avx512 on a CPU with AVX-512 VNNI (every kernel runs),
-  else avx2 with FMA and F16C (the int8 linear's AVX2 build; the others, AVX-512 only, are off),
-  else none;
+``isa`` (the instruction set of specdec's kernels) decides which kernels may run: auto is
+avx512 on a CPU with AVX-512 VNNI (every kernel), else avx2 with FMA and F16C (the int8
+linear's AVX2 build only: the others are AVX-512 code), else none; ``isa: avx2`` plans as on a
+CPU without AVX-512 (for tests and benchmarks on one with it). The AVX2 path is chosen for the
+bytes it reads (the GGUF's codes, a quarter of float32's), not yet by a measurement here.
+
+How the other ``auto``s decide, by measurement (docs/RESULTS.md, "Runtime"):
 - dtype: float32 where the model's GGUF codes run int8 rows (they beat bfloat16 on AMX too),
   else bfloat16 on a CPU with AMX (lossless by pieces, cheap rows), else float32;
 - float32 linears: int8 rows on the codes (AVX-512 VNNI or AVX2), else the codes as float32
