@@ -74,7 +74,8 @@ def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = 
         directory = build_directory(source, stem)
         clear_stale_lock(directory)
         with own_ninja():
-            flags = FLAGS[:1] + [gcc_flag(f) for f in (*ISAS[isa], *needs, *may_use)] + FLAGS[1:]
+            isa_flags = [gcc_flag(f) for f in ISAS[isa]]
+            flags = FLAGS[:1] + isa_flags + FLAGS[1:] + [gcc_flag(f) for f in (*needs, *may_use)]
             return load(name, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                         build_directory=str(directory), verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
