@@ -303,7 +303,7 @@ def references(apps: dict[str, dict]) -> dict[str, str]:
     since other numerics decode other tokens; ``sd_engine`` checks against ``sd``'s."""
     def numerics(args: dict) -> tuple:
         return (args.get("dtype"), args.get("attention", "auto"), args.get("linears", "auto"),
-                args.get("kv_cache_dtype", "auto"))
+                args.get("kv_cache_dtype", "auto"), args.get("isa", "auto"))
 
     plain: dict[tuple, str] = {}
     for name in ("ar", *apps):

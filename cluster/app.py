@@ -86,7 +86,7 @@ def spawn_actors(args: ServeArgs):
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
         batching, local, args.attention, args.linears, args.kv_cache_dtype, args.max_model_len,
-        args.backend)
+        args.backend, args.isa)
     if not args.drafter_actor:
         return target_actor, None
     drafter_actor = actor_class(DrafterActor, calls).options(

@@ -33,6 +33,7 @@ from specdec.runtime.plan import (
     ATTENTIONS,
     BACKENDS,
     DTYPE_NAMES,
+    ISAS,
     KV_CACHE_DTYPES,
     LINEARS,
     WAIT_POLICIES,
@@ -145,6 +146,8 @@ class ServeArgs(Strict):
     linears: Literal[LINEARS] = "auto"  # x86: int8 | quantized | panels | onednn | torch
     attention: Literal[ATTENTIONS] = "auto"  # x86: kernel | grouped | per_query | sdpa
     kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"  # float16: x86's attention kernel only
+    # x86: the instruction set of specdec's kernels; avx2 runs as on a CPU without AVX-512
+    isa: Literal[ISAS] = "auto"
     # positions a request's KV slot holds (prompt and output); None: as many as the device's
     # memory allows for limits.kv_slots slots, at most the model's context
     max_model_len: PositiveInt | None = None

@@ -24,6 +24,7 @@ from specdec.runtime.plan import (
     ATTENTIONS,
     BACKENDS,
     DTYPE_NAMES,
+    ISAS,
     KV_CACHE_DTYPES,
     LINEARS,
     WAIT_POLICIES,
@@ -64,6 +65,9 @@ def add_runtime(g) -> None:
     r.add_argument("--linears", default="auto", choices=LINEARS)
     r.add_argument("--attention", default="auto", choices=ATTENTIONS)
     r.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    r.add_argument("--isa", default="auto", choices=ISAS,
+                   help="x86: the instruction set of specdec's kernels (avx2: as on a CPU "
+                        "without AVX-512; auto: the CPU's)")
     r.add_argument("--max-model-len", type=int, default=None,
                    help="positions a KV slot holds (default: what memory allows)")
     r.add_argument("--threads", type=int, default=None,
@@ -75,7 +79,7 @@ def add_runtime(g) -> None:
 def runtime_knobs(args) -> dict:
     return dict(backend=args.backend, linears=args.linears, attention=args.attention,
                 kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len,
-                omp_wait_policy=args.omp_wait_policy)
+                omp_wait_policy=args.omp_wait_policy, isa=args.isa)
 
 
 def add_plan(sub) -> None:

@@ -4,10 +4,9 @@ A file is a serve config (``applications``: each app's ``args``), a KubeRay mani
 RayService's ``serveConfigV2``, or a RayJob's entrypoint ``--config FILE``), or a pipeline
 config (a top-level ``target``). Each names a target and its runtime knobs (``dtype``,
 ``backend``, ``linears``, ``attention``, ``kv_cache_dtype``, ``max_model_len``,
-``omp_wait_policy``; the threads: a serve app's ``target_resources.threads``, a pipeline's
-``torch_threads``) and declares its device: a serve app's target actor is on a GPU when
-``target_resources.num_gpus > 0``; a
-pipeline's when its ``device`` says so, or its actors or workers take GPUs. A pipeline's
+``omp_wait_policy``, ``isa``; the threads: a serve app's ``target_resources.threads``, a
+pipeline's ``torch_threads``) and declares its device: a serve app's target actor is on a GPU
+when ``target_resources.num_gpus > 0``; a pipeline's when its ``device`` says so, or its actors or workers take GPUs. A pipeline's
 target holds ``actors.batch_size`` requests at once (else ``kv_slots``, else
 ``PIPELINE_SLOTS``) of ``max_model_len`` positions (a drafter's training: ``max_seq_len``). Only
 the model's config is read, never its weights.
@@ -27,7 +26,7 @@ SERVE_SLOTS = 32  # a serve config's limits.kv_slots when it sets none (cluster.
 SERVE_THREADS = 1  # an actor's torch threads when its resources set none (cluster.schema reads it)
 PIPELINE_SLOTS = 8  # a pipeline's target without a batch size: load_target's default
 KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len",
-         "omp_wait_policy")
+         "omp_wait_policy", "isa")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 from specdec.cli import main
 from specdec.models.sources import model_config
 from specdec.planning import planned
-from specdec.runtime.plan import resolve_plan
+from specdec.runtime.plan import cpu_flags, resolve_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "80GiB"
@@ -78,3 +78,15 @@ def test_the_plan_takes_the_configs_threads_and_wait_policy(tmp_path, monkeypatc
                  "--omp-wait-policy", "active", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert (plan["threads"], plan["omp_wait_policy"]) == (3, "active")
+
+
+@pytest.mark.skipif("avx2" not in cpu_flags(), reason="isa: avx2 needs a CPU with AVX2")
+def test_isa_reaches_the_plan_from_a_serve_config_and_the_cli(tmp_path, capsys):
+    """``isa`` is a serve arg and a ``specdec plan`` option, as the other runtime knobs."""
+    serve = tmp_path / "serve.yaml"
+    serve.write_text("applications:\n- name: app\n  args: {target: smollm2-135m, isa: avx2}\n")
+    [item] = planned(serve)
+    assert item.config.isa == "avx2"
+    assert main(["plan", "--target", "smollm2-135m", "--device", "cpu", "--isa", "avx2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["isa"] == "avx2"

@@ -1,9 +1,10 @@
 """One resolved plan: what the target runs, decided once, from a config and the model's config.
 
 ``resolve_plan(RuntimeConfig, model_config, blocks=...)`` turns the runtime's knobs -- device,
-dtype, backend, linears, attention, KV dtype, context length, slots -- into a frozen ``Plan``:
-the device and backend, the numerics (said plainly when they are not the checkpoint's float32),
-the linear and attention kinds, the KV dtype, whether passes are batch invariant (so greedy SD
+dtype, backend, linears, attention, KV dtype, the x86 kernels' instruction set, context length,
+slots -- into a frozen ``Plan``: the device and backend, the numerics (said plainly when they
+are not the checkpoint's float32), the linear and attention kinds, the KV dtype, the
+instruction set specdec's x86 kernels run on, whether passes are batch invariant (so greedy SD
 commits exactly plain decoding's tokens), and the memory it takes. Every ``auto`` is decided
 here and nowhere else; a knob that does not apply to the plan's backend is an error naming it,
 and a plan that does not fit its device is an error naming the fields to change
@@ -12,8 +13,8 @@ plan for a device that is not present.
 
 Backends: ``torch`` runs anywhere torch does (CUDA, any CPU, ``meta``): ``F.linear`` on one
 ``[out, in]`` weight, SDPA, not batch invariant. ``x86`` (``specdec.runtime.x86``) runs x86-64
-CPUs: specdec's AVX-512 kernels where the CPU has them, oneDNN's packed linears, batch
-invariance by probes in bfloat16. ``auto`` is x86 on an x86-64 CPU, torch elsewhere. A plan
+CPUs: specdec's AVX-512 kernels where the CPU has them (the int8 linear on AVX2 too), oneDNN's
+packed linears, batch invariance by probes in bfloat16. ``auto`` is x86 on an x86-64 CPU, torch elsewhere. A plan
 whose backend is torch never imports the x86 package.
 
 Threads and waiting (any backend): ``threads`` is torch's intra-op thread count (default: the
@@ -50,6 +51,7 @@ ATTENTIONS = ("auto", "sdpa", "kernel", "grouped", "per_query")
 KV_CACHE_DTYPES = ("auto", "model", "float16")
 WAIT_POLICIES = ("auto", "active", "passive")
 CGROUP = Path("/sys/fs/cgroup")  # a container's own cgroup (a Kubernetes pod's CPU limit)
+ISAS = ("auto", "avx512", "avx2")  # the instruction sets specdec's x86 kernels are built for
 ROUND_LEN = 256  # an automatic max_model_len is a multiple of this
 # the share of a GPU's memory a plan may take (the rest: CUDA's context, the allocator's slack)
 GPU_SHARE = 0.9
@@ -75,12 +77,15 @@ class RuntimeConfig:
     slots: int = 8  # KV slots: requests held at once
     threads: int | None = None  # torch's intra-op threads; None: the CPUs this process may use
     omp_wait_policy: str = "auto"  # how OpenMP's threads wait: passive, active, or auto
+    # x86: the instruction set specdec's kernels run on: avx512 (all of them), avx2 (the int8
+    # linear's AVX2 build only, as on a CPU without AVX-512), or auto (the CPU's)
+    isa: str = "auto"
 
     def __post_init__(self):
         for name, allowed in (("dtype", DTYPE_NAMES), ("backend", BACKENDS),
                               ("linears", LINEARS), ("attention", ATTENTIONS),
                               ("kv_cache_dtype", KV_CACHE_DTYPES),
-                              ("omp_wait_policy", WAIT_POLICIES)):
+                              ("omp_wait_policy", WAIT_POLICIES), ("isa", ISAS)):
             if getattr(self, name) not in allowed:
                 raise PlanError(f"{name} must be one of {list(allowed)}, "
                                 f"not {getattr(self, name)!r}")
@@ -127,6 +132,7 @@ class Plan:
     threads: int  # torch's intra-op threads
     omp_wait_policy: str  # passive | active: how OpenMP's threads wait between parallel regions
     reasons: tuple[str, ...] = ()  # how each auto was decided
+    isa: str = ""  # x86: the instruction set its kernels run on (avx512 | avx2 | none); else ""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -151,7 +157,9 @@ def describe(plan: dict) -> str:
     """A plan's dict (``Plan.to_dict``, as ``/health`` returns it) as the lines printed at start."""
     m = plan["memory"]
     room = "no bound" if m["device"] is None else gib(m["device"])
-    lines = [f"plan: {plan['backend']} backend on {plan['device']}, numerics: {plan['numerics']}",
+    isa = f" ({plan['isa']} kernels)" if plan.get("isa") else ""
+    lines = [f"plan: {plan['backend']} backend{isa} on {plan['device']}, numerics: "
+             f"{plan['numerics']}",
              f"  linears {plan['linears']}, attention {plan['attention']}, KV caches "
              f"{plan['kv_cache_dtype']}, batch invariant: "
              f"{'yes' if plan['batch_invariant'] else 'no'}"
@@ -242,7 +250,8 @@ def resolve_plan(config: RuntimeConfig, model_config, blocks: bool = False,
     policy = pick_wait_policy(config.omp_wait_policy, environ, reasons)
     return Plan(str(device), backend, kinds["dtype"], kinds["numerics"], kinds["linears"],
                 kinds["attention"], kinds["kv_cache_dtype"], kinds["batch_invariant"],
-                kinds["fused"], max_len, config.slots, mem, threads, policy, tuple(reasons))
+                kinds["fused"], max_len, config.slots, mem, threads, policy, tuple(reasons),
+                kinds["isa"])
 
 
 def pick_backend(name: str, device: torch.device) -> str:
@@ -257,16 +266,18 @@ def pick_backend(name: str, device: torch.device) -> str:
 def torch_kinds(config: RuntimeConfig, shape: Shape, blocks: bool, reasons: list) -> dict:
     """The torch backend's choices: it has one of each, so every knob but auto and its own
     names is an error naming the knob."""
-    for knob, own in (("linears", "torch"), ("attention", "sdpa"), ("kv_cache_dtype", "model")):
+    for knob, own in (("linears", "torch"), ("attention", "sdpa"), ("kv_cache_dtype", "model"),
+                      ("isa", "auto")):
         value = getattr(config, knob)
         if value not in ("auto", own):
+            ok = "auto" if own == "auto" else f"auto or {own}"
             raise PlanError(f"{knob}: {value} needs the x86 backend; this plan's backend is "
-                            f"torch ({knob}: auto or {own})")
+                            f"torch ({knob}: {ok})")
     dtype = "float32" if config.dtype == "auto" else config.dtype
     if config.dtype == "auto":
         reasons.append("dtype auto: float32 on the torch backend")
     return dict(dtype=dtype, numerics=dtype, linears="torch", attention="sdpa",
-                kv_cache_dtype=dtype, batch_invariant=False, fused=False)
+                kv_cache_dtype=dtype, batch_invariant=False, fused=False, isa="")
 
 
 def parameters(model_config) -> dict[str, int]:

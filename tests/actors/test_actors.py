@@ -15,6 +15,7 @@ from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft
+from specdec.runtime.plan import cpu_flags
 
 
 def run_rounds(target_actor: TargetActor, drafter_actor: DrafterActor | None, prompt_ids, params,
@@ -213,6 +214,13 @@ def test_the_actor_attends_the_way_it_is_told(tiny_llama):
                                 max_model_len=96, kv_slots=3).info()
     assert torch_backend.max_length == 96
     assert (torch_backend.plan["backend"], torch_backend.plan["slots"]) == ("torch", 3)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "avx2" not in cpu_flags(),
+                    reason="isa: avx2 runs x86-64 CPUs with AVX2")
+def test_the_isa_knob_reaches_the_actors_plan(tiny_llama):
+    plan = TargetActor(tiny_llama["target"], "none", "float32", isa="avx2").info().plan
+    assert (plan["backend"], plan["isa"]) == ("x86", "avx2")
 
 
 def test_actor_sets_its_torch_threads(tiny_llama):

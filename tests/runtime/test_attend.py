@@ -164,16 +164,18 @@ def test_float32_verifies_are_bitwise_the_decodes_of_their_tokens(float32_model,
 
 
 def test_the_attention_option_picks_the_kernel_or_says_why_not(float32_model):
-    """float32: the kernel or SDPA as asked (auto: the kernel); grouped and per-query attention
-    are for batch-invariant bfloat16 passes, an error at plan time for float32 ones; float64
-    attends through SDPA and cannot run the kernel; bfloat16 passes (batch invariant) cannot
-    attend through SDPA."""
+    """float32: the kernel, SDPA or grouped SDPA as asked (auto: the kernel); grouped and
+    per-query attention are for batch-invariant float32 or bfloat16 passes, an error at plan
+    time for float64 ones; float64 attends through SDPA and cannot run the kernel; bfloat16
+    passes (batch invariant) cannot attend through SDPA."""
     assert forward(float32_model, "kernel").attention.kind == "kernel"
     assert forward(float32_model).attention.kind == "kernel"
     assert forward(float32_model, "sdpa").attention.kind == "sdpa"
-    with pytest.raises(PlanError, match="attention: grouped is for batch-invariant bfloat16"):
-        forward(float32_model, "grouped")
+    assert forward(float32_model, "grouped").attention.kind == "grouped"
     float64 = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG), dtype=torch.float64)
+    with pytest.raises(PlanError, match="attention: grouped is for batch-invariant float32 or "
+                                        "bfloat16 passes; these are float64"):
+        forward_of(float64, attention="grouped", slots=1)
     assert forward_of(float64, slots=1).attention.kind == "sdpa"  # auto: float64 through SDPA
     with pytest.raises(PlanError, match="attention: kernel cannot run here: it runs float32"):
         forward_of(float64, attention="kernel", slots=1)

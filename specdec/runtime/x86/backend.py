@@ -37,9 +37,11 @@ class X86Backend(Backend):
     def linear(self, w: torch.Tensor, bias, blocks=None, name: str = "") -> Linear:
         kind = self.plan.linears
         if kind in ("int8", "quantized") and not decodes(w, blocks, name):
-            kind = "panels"  # a weight without codes that decode to it exactly (logged)
+            # a weight without codes that decode to it exactly (logged): float32 panels, or
+            # oneDNN's linear where they do not run (no AVX-512 kernels)
+            kind = "panels" if self.plan.isa == "avx512" else "onednn"
         if kind == "int8":
-            return Int8Linear(w, bias, int8.pack(blocks, w.shape[0]))
+            return Int8Linear(w, bias, int8.pack(blocks, w.shape[0]), self.plan.isa)
         if kind == "quantized":
             return QuantizedLinear(w, bias, blocks)
         if kind == "panels":

@@ -1,32 +1,38 @@
-// specdec's linear on GGUF codes and int8 activations, for x86 CPUs with AVX-512 VNNI
-// (specdec/runtime/x86/int8.py says when and why).
+// specdec's linear on GGUF codes and int8 activations, for x86 CPUs with AVX-512 VNNI or AVX2
+// (specdec/runtime/x86/int8.py says when and why). One source, built once per ISA: its vector
+// steps are ``lanes.h``'s, one AVX-512 vector or two AVX2 ones for a panel's 16 outputs.
 //
 // It computes a Q4_1 or Q8_0 weight's product as llama.cpp's CPU backend does: each row of x is
 // quantized per block of 32 inputs to int8 (scale da = max |x| / 127, codes round(x / da)), and a
-// block's product is an integer dot product of codes (vpdpbusd: 64 byte products a vector), scaled
-// once: Q4_1 (weight dw * q + mw) gives dw * da * sum(q * qa) + mw * da * sum(qa), Q8_0 (weight
-// dw * q) gives dw * da * sum(q * qa). The blocks' terms are summed in the order of the inputs.
+// block's product is an integer dot product of codes (vpdpbusd: 64 byte products a vector; on
+// AVX2 vpmaddubsw and vpmaddwd), scaled once: Q4_1 (weight dw * q + mw) gives
+// dw * da * sum(q * qa) + mw * da * sum(qa), Q8_0 (weight dw * q) gives dw * da * sum(q * qa).
+// The blocks' terms are summed in the order of the inputs.
 //
 // Layout, [P, in / 32, 256 (Q4_1) or 512 (Q8_0)] bytes: panel p holds outputs 16p..16p+15, and a
 // block's codes lie as vpdpbusd reads them, four consecutive inputs of one output in a 32-bit
 // lane. Q4_1: vector g (of 4) holds inputs 4g..4g+3 in the low nibbles and 16+4g..16+4g+3 in the
 // high ones. Q8_0: vector g (of 8) holds inputs 4g..4g+3, each code stored plus 128 (an unsigned
-// byte, which vpdpbusd needs on one side): 128 * sum(qa) is taken off the integer sum. Scales:
-// float16 [P, in / 32, 2 (dw, mw) or 1 (dw), 16].
+// byte, which vpdpbusd needs on one side): 128 * sum(qa) is taken off the integer sum (the AVX2
+// build restores the signed codes instead: lanes.h). Scales: float16 [P, in / 32, 2 (dw, mw) or
+// 1 (dw), 16].
 //
-// On a CPU with AMX (amx_int8), passes of at least ``amx_rows`` rows take their blocks' integer
-// sums from tile products instead (one tdpbsud a block: 16 rows x 16 outputs x 32 inputs, where
-// vpdpbusd needs 8 instructions a row); the float terms are the same code on the same sums.
+// On a CPU with AMX (amx_int8; the AVX-512 build), passes of at least ``amx_rows`` rows take
+// their blocks' integer sums from tile products instead (one tdpbsud a block: 16 rows x 16
+// outputs x 32 inputs, where vpdpbusd needs 8 instructions a row); the float terms are the same
+// code on the same sums.
 //
 // Integer sums are exact and every output's float terms are the same chain in the same order,
-// whatever the number of rows, the path (vpdpbusd or tiles), the tile a row falls in or the
-// thread that runs it: a row's outputs are bitwise its outputs alone (tests/runtime/test_int8.py
-// checks it).
+// whatever the number of rows, the path (vpdpbusd, AVX2 or tiles), the tile a row falls in or the
+// thread that runs it: a row's outputs are bitwise its outputs alone, and the two builds' outputs
+// are bitwise the same (tests/runtime/test_int8.py and test_int8_avx2.py check it).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include "lanes.h"
 
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -42,10 +48,22 @@
 
 namespace {
 
-constexpr int WIDTH = 16;     // outputs a panel holds: int32 or float lanes of one vector
+using namespace specdec::lanes;
+
+constexpr int WIDTH = 16;     // outputs a panel holds: int32 or float lanes (``lanes.h``)
 constexpr int64_t BLOCK = 32;  // inputs a block's scales cover (GGUF's blocks and the rows')
-constexpr int ROWS = 12;      // rows of a tile: 2 x ROWS accumulators + the weights in registers
+// rows of a tile: 2 x ROWS accumulators + the weights in registers (32 AVX-512 ones, 16 AVX2
+// ones, each half as wide)
+#if defined(__AVX512F__)
+constexpr int ROWS = 12;
+#else
+constexpr int ROWS = 4;
+#endif
 constexpr int TILE_ROWS = 16;  // rows of an AMX tile product (its accumulators: 16 registers)
+// the AMX path: in the AVX-512 build, compiled for AMX int8 (and run where the CPU has it)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define SPECDEC_AMX 1
+#endif
 
 // A row's int8 codes per block of 32 inputs: codes [M, in], and per block the scale da, the
 // codes' sum and da times that sum.
@@ -64,65 +82,58 @@ void quantize(const float* x, int64_t in, int64_t lo, int64_t hi, int8_t* q, flo
   for (int64_t r = lo; r < hi; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* at = x + r * in + b * BLOCK;
-      const __m512 v0 = _mm512_loadu_ps(at), v1 = _mm512_loadu_ps(at + WIDTH);
-      const float amax = _mm512_reduce_max_ps(
-          _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const Floats v0 = fload(at), v1 = fload(at + WIDTH);
+      const float amax = reduce_max(vmax(vabs(v0), vabs(v1)));
       const float da = amax / 127.0f;
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const __m512 scale = _mm512_set1_ps(inv);
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, scale));  // nearest, ties even
-      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, scale));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * in + b * BLOCK), _mm512_cvtsepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * in + b * BLOCK + WIDTH),
-                       _mm512_cvtsepi32_epi8(q1));
-      const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      const Floats scale = fset(inv);
+      const Ints q0 = to_ints(fmul(v0, scale)), q1 = to_ints(fmul(v1, scale));  // nearest, even
+      store_bytes(q + r * in + b * BLOCK, q0);
+      store_bytes(q + r * in + b * BLOCK + WIDTH, q1);
+      const int32_t total = reduce_add(iadd(q0, q1));
       d[r * nb + b] = da;
       sum[r * nb + b] = total;
       s[r * nb + b] = da * static_cast<float>(total);
     }
 }
 
-inline __m512i bcast(const int8_t* at) {
-  int32_t four;
-  std::memcpy(&four, at, sizeof four);
-  return _mm512_set1_epi32(four);
-}
-
-inline __m512 half16(const uint16_t* at) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+// the 4 int8 codes at ``at`` as one 32-bit value (a dot product's broadcast side)
+inline int32_t four(const int8_t* at) {
+  int32_t v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
 }
 
 // GGUF's Q4_1 weight (dw * q + mw) in vpdpbusd's layout: 4 vectors a block, nibbles.
 struct Q4_1 {
   static constexpr int BYTES = 256, SCALES = 2;
   template <int R>
-  static void block(const uint8_t* codes, const int8_t* const* xq, __m512i* isum) {
-    const __m512i low = _mm512_set1_epi8(0x0F);
+  static void block(const uint8_t* codes, const int8_t* const* xq, Ints* isum) {
     for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_loadu_si512(codes + g * 64);
-      const __m512i lo = _mm512_and_si512(v, low);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      const Bytes v = bytes(codes + g * 64);
+      const Bytes lo = low_nibbles(v), hi = high_nibbles(v);
       for (int r = 0; r < R; ++r) {
-        isum[r] = _mm512_dpbusd_epi32(isum[r], lo, bcast(xq[r] + 4 * g));
-        isum[r] = _mm512_dpbusd_epi32(isum[r], hi, bcast(xq[r] + 16 + 4 * g));
+        isum[r] = dot(isum[r], lo, four(xq[r] + 4 * g));
+        isum[r] = dot(isum[r], hi, four(xq[r] + 16 + 4 * g));
       }
     }
   }
+#ifdef SPECDEC_AMX
   // The block's codes as an AMX B tile (8 rows of 16 outputs x 4 inputs, one byte a code): row
   // g holds the low nibbles of vector g (inputs 4g..4g+3), row 4 + g its high ones (16 + 4g..).
   static const uint8_t* tile(const uint8_t* codes, uint8_t* scratch) {
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int g = 0; g < 4; ++g) {
-      const __m512i v = _mm512_loadu_si512(codes + g * 64);
-      _mm512_store_si512(scratch + g * 64, _mm512_and_si512(v, low));
-      _mm512_store_si512(scratch + (4 + g) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+      const Bytes v = bytes(codes + g * 64);
+      _mm512_store_si512(scratch + g * 64, low_nibbles(v));
+      _mm512_store_si512(scratch + (4 + g) * 64, high_nibbles(v));
     }
     return scratch;
   }
+#endif
   // acc += dw * da * isum + mw * (da * sum(qa))
-  static __m512 scale(__m512 acc, __m512i isum, const __m512* w, float da, float s, int32_t) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(w[0], _mm512_set1_ps(da)), acc);
-    return _mm512_fmadd_ps(w[1], _mm512_set1_ps(s), acc);
+  static Floats scale(Floats acc, Ints isum, const Floats* w, float da, float s, int32_t) {
+    acc = fmadd(to_floats(isum), fmul(w[0], fset(da)), acc);
+    return fmadd(w[1], fset(s), acc);
   }
 };
 
@@ -130,18 +141,18 @@ struct Q4_1 {
 struct Q8_0 {
   static constexpr int BYTES = 512, SCALES = 1;
   template <int R>
-  static void block(const uint8_t* codes, const int8_t* const* xq, __m512i* isum) {
+  static void block(const uint8_t* codes, const int8_t* const* xq, Ints* isum) {
     for (int g = 0; g < 8; ++g) {
-      const __m512i v = _mm512_loadu_si512(codes + g * 64);
-      for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], v, bcast(xq[r] + 4 * g));
+      const Q8 v = q8(bytes(codes + g * 64));
+      for (int r = 0; r < R; ++r) isum[r] = dot_q8(isum[r], v, four(xq[r] + 4 * g));
     }
   }
   // Its 8 vectors are already an AMX B tile's 8 rows.
   static const uint8_t* tile(const uint8_t* codes, uint8_t*) { return codes; }
-  // acc += dw * da * (isum - 128 * sum(qa))
-  static __m512 scale(__m512 acc, __m512i isum, const __m512* w, float da, float, int32_t sum) {
-    const __m512i exact = _mm512_sub_epi32(isum, _mm512_set1_epi32(sum * 128));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(w[0], _mm512_set1_ps(da)), acc);
+  // acc += dw * da * (isum - CODE_OFFSET * sum(qa)): the codes' own integer product
+  static Floats scale(Floats acc, Ints isum, const Floats* w, float da, float, int32_t sum) {
+    const Ints exact = isub(isum, iset(sum * CODE_OFFSET));
+    return fmadd(to_floats(exact), fmul(w[0], fset(da)), acc);
   }
 };
 
@@ -150,9 +161,9 @@ struct Q8_0 {
 // are bitwise the same.
 template <class F, int R, class Sums>
 inline void add_block(const Rows& x, int64_t m, const uint16_t* scales, int64_t b, Sums isum,
-                      __m512* acc) {
-  __m512 w[F::SCALES];
-  for (int j = 0; j < F::SCALES; ++j) w[j] = half16(scales + (b * F::SCALES + j) * WIDTH);
+                      Floats* acc) {
+  Floats w[F::SCALES];
+  for (int j = 0; j < F::SCALES; ++j) w[j] = halves(scales + (b * F::SCALES + j) * WIDTH);
   for (int r = 0; r < R; ++r) {
     const int64_t at = (m + r) * x.blocks + b;
     acc[r] = F::scale(acc[r], isum(r), w, x.d[at], x.s[at], x.sum[at]);
@@ -162,26 +173,26 @@ inline void add_block(const Rows& x, int64_t m, const uint16_t* scales, int64_t 
 // y[r, 16p + i] for the tile's R rows (from row m) and one panel p.
 template <class F, int R>
 void tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* scales, float* y,
-          int64_t out, const float* bias, __mmask16 mask) {
-  __m512 acc[R];
-  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+          int64_t out, const float* bias, Mask mask) {
+  Floats acc[R];
+  const Floats b0 = bias ? load_first(bias, mask) : fzero();
   for (int r = 0; r < R; ++r) acc[r] = b0;
   const int8_t* xq[R];
   for (int b = 0; b < x.blocks; ++b) {
-    __m512i isum[R];
+    Ints isum[R];
     for (int r = 0; r < R; ++r) {
-      isum[r] = _mm512_setzero_si512();
+      isum[r] = izero();
       xq[r] = x.q + (m + r) * x.in + b * BLOCK;
     }
     F::template block<R>(codes + b * F::BYTES, xq, isum);
     add_block<F, R>(x, m, scales, b, [&](int r) { return isum[r]; }, acc);
   }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m + r) * out, mask, acc[r]);
+  for (int r = 0; r < R; ++r) store_first(y + (m + r) * out, mask, acc[r]);
 }
 
 template <class F>
 using Tile = void (*)(const Rows&, int64_t, const uint8_t*, const uint16_t*, float*, int64_t,
-                      const float*, __mmask16);
+                      const float*, Mask);
 
 template <class F, int... R>
 constexpr std::array<Tile<F>, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
@@ -194,7 +205,9 @@ constexpr auto TILES = tiles<F>(std::make_integer_sequence<int, ROWS>{});  // [R
 // ---- AMX: a block's integer sums for 16 rows at once --------------------------------------
 
 // Whether this CPU has AMX int8 tiles and Linux lets this process use them (asked once: the
-// kernel must grant a process the tile state before its first tile instruction).
+// kernel must grant a process the tile state before its first tile instruction); never in a
+// build without the AMX path.
+#ifdef SPECDEC_AMX
 bool amx_ready() {
   static const bool ready = [] {
     unsigned a, b, c, d;
@@ -221,23 +234,23 @@ struct alignas(64) TileConfig {
 // must be configured (``TileConfig``).
 template <class F, int R>
 void amx_tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* scales, float* y,
-              int64_t out, const float* bias, __mmask16 mask) {
+              int64_t out, const float* bias, Mask mask) {
   alignas(64) int32_t sums[4][TILE_ROWS][WIDTH];
   alignas(64) uint8_t scratch[4][BLOCK / 4 * 64];
-  __m512 acc[R];
-  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  Floats acc[R];
+  const Floats b0 = bias ? load_first(bias, mask) : fzero();
   for (int r = 0; r < R; ++r) acc[r] = b0;
   const int8_t* rows = x.q + m * x.in;
-  const auto bytes = [&](int b, int j) { return F::tile(codes + b * F::BYTES, scratch[j]); };
+  const auto tile_bytes = [&](int b, int j) { return F::tile(codes + b * F::BYTES, scratch[j]); };
   const auto add = [&](int b, int j) {  // block b's float terms from its sums in sums[j]
-    add_block<F, R>(x, m, scales, b, [&](int r) { return _mm512_load_si512(sums[j][r]); }, acc);
+    add_block<F, R>(x, m, scales, b, [&](int r) { return iload(sums[j][r]); }, acc);
   };
   constexpr int64_t SUMS = WIDTH * sizeof(int32_t);
 // block k's sums into tile c, from its rows in tile a and its codes in tile w (scratch j)
 #define SPECDEC_PRODUCT(c, a, w, k, j)       \
   _tile_zero(c);                            \
   _tile_loadd(a, rows + (k) * BLOCK, x.in); \
-  _tile_loadd(w, bytes(k, j), 64);          \
+  _tile_loadd(w, tile_bytes(k, j), 64);     \
   _tile_dpbsud(c, a, w)  // signed row codes times unsigned weight codes, as vpdpbusd
   int b = 0;
   for (; b + 4 <= x.blocks; b += 4) {
@@ -255,7 +268,7 @@ void amx_tile(const Rows& x, int64_t m, const uint8_t* codes, const uint16_t* sc
     add(b, 0);
   }
 #undef SPECDEC_PRODUCT
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m + r) * out, mask, acc[r]);
+  for (int r = 0; r < R; ++r) store_first(y + (m + r) * out, mask, acc[r]);
 }
 
 template <class F, int... R>
@@ -265,6 +278,22 @@ constexpr std::array<Tile<F>, sizeof...(R)> amx_tiles(std::integer_sequence<int,
 
 template <class F>
 constexpr auto AMX_TILES = amx_tiles<F>(std::make_integer_sequence<int, TILE_ROWS>{});
+
+// a thread's tile configuration is its own, and oneDNN may have loaded another: loaded per call
+void tiles_on() {
+  const TileConfig config;
+  _tile_loadconfig(&config);
+}
+void tiles_off() { _tile_release(); }
+template <class F>
+const Tile<F>* amx_kernels() { return AMX_TILES<F>.data(); }
+#else
+bool amx_ready() { return false; }
+void tiles_on() {}
+void tiles_off() {}
+template <class F>
+const Tile<F>* amx_kernels() { return nullptr; }
+#endif  // SPECDEC_AMX
 
 template <class F>
 torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
@@ -310,23 +339,20 @@ torch::Tensor linear_as(const torch::Tensor& xin, const torch::Tensor& codes,
   const float* bs = b.defined() ? b.data_ptr<float>() : nullptr;
   float* ys = y.data_ptr<float>();
   const int step = amx ? TILE_ROWS : ROWS;
-  const Tile<F>* kernels = amx ? AMX_TILES<F>.data() : TILES<F>.data();
+  const Tile<F>* kernels = amx ? amx_kernels<F>() : TILES<F>.data();
   at::parallel_for(0, P, 1, [&](int64_t lo, int64_t hi) {
-    if (amx) {  // a thread's tile configuration is its own, and oneDNN may have loaded another
-      const TileConfig config;
-      _tile_loadconfig(&config);
-    }
+    if (amx) tiles_on();
     for (int64_t p = lo; p < hi; ++p) {
       const int64_t col = p * WIDTH;
       const int64_t valid = std::min<int64_t>(WIDTH, out - col);
-      const auto mask = static_cast<__mmask16>((1u << valid) - 1u);
+      const Mask mask = first(valid);
       for (int64_t m = 0; m < M; m += step) {
         const int R = static_cast<int>(std::min<int64_t>(step, M - m));
         kernels[R - 1](rows, m, cs + p * nb * F::BYTES, ss + p * nb * F::SCALES * WIDTH,
                        ys + col, out, bs ? bs + col : nullptr, mask);
       }
     }
-    if (amx) _tile_release();
+    if (amx) tiles_off();
   });
   return y;
 }
@@ -371,4 +397,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_ready", &amx_ready, "whether this CPU and process run AMX int8 tiles");
   m.attr("BLOCK") = BLOCK;
   m.attr("WIDTH") = WIDTH;
+  m.attr("ISA") = ISA;
 }

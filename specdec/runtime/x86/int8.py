@@ -1,9 +1,10 @@
 """specdec's linear on GGUF codes times int8 activations, as llama.cpp runs a quantized model on
-a CPU (``int8.cpp``, on AVX-512 VNNI).
+a CPU (``int8.cpp``, built for AVX-512 VNNI or for AVX2: ``ISAS``).
 
 Why: every row of a pass past a few costs its float32 multiply-adds, and a prompt's prefill, a
 verify's drafts and a batch's requests are all rows. An integer dot product (``vpdpbusd``)
-does 64 byte products a vector where a float32 fused multiply-add does 16. So each row is
+does 64 byte products a vector where a float32 fused multiply-add does 16 (AVX2: 32 products
+in two steps, ``vpmaddubsw`` and ``vpmaddwd``, where an FMA does 8). So each row is
 quantized per block of 32 inputs to int8 (scale max |x| / 127), and every block's product is
 exact in integers, scaled once by the weight's and the row's scales: GGUF's Q4_1 and Q8_0
 blocks times llama.cpp's Q8 rows.
@@ -13,6 +14,10 @@ outputs part from float32's at near-ties), which the plan says (``numerics``); `
 quantized`` keeps float32's numerics bitwise. Within them a row's outputs are bitwise its
 outputs alone, in any batch: speculative decoding on them commits the tokens that plain
 decoding on them does.
+
+The AVX2 build (``isa="avx2"``, for CPUs without AVX-512 VNNI; it runs on those with it too) is
+the same source on AVX2 vectors (``lanes.h``): its integer sums are exact and its float terms
+the same operations in the same order, so its outputs are bitwise the AVX-512 build's.
 
 On a CPU with AMX (amx_int8), passes of ``AMX_ROWS`` rows or more take each block's integer sums
 for 16 rows from one tile product; the float terms after it are the same, so the outputs are
@@ -35,24 +40,30 @@ from specdec.models.gguf_blocks import BLOCK, FORMATS, Blocks, halves
 from specdec.runtime.x86 import kernels
 
 SOURCE = Path(__file__).with_name("int8.cpp")
-NEEDS = ("avx512bw", "avx512_vnni")  # CPU features int8.cpp is compiled for, beyond AVX-512F
-MAY_USE = ("amx_tile", "amx_int8")  # and those it uses where the CPU has them (checked there)
+ISAS = ("avx512", "avx2")  # the instruction sets it is built for (``kernels.ISAS``)
+# CPU features int8.cpp is compiled for beyond each ISA's, and those it uses where the CPU has
+# them (checked there)
+NEEDS = {"avx512": ("avx512bw", "avx512_vnni"), "avx2": ()}
+MAY_USE = {"avx512": ("amx_tile", "amx_int8"), "avx2": ()}
 AMX_ROWS = 16  # passes of at least this many rows run on AMX tiles where the CPU has them
 WIDTH = 16  # as in int8.cpp: outputs a panel holds
 
 
 @functools.cache
-def _build():
-    """The compiled extension, or the reason it cannot be had here (a str)."""
-    ext = kernels.build(SOURCE, NEEDS, MAY_USE)
+def _build(isa: str = "avx512"):
+    """The extension compiled for ``isa``, or the reason it cannot be had here (a str)."""
+    if isa not in ISAS:
+        raise ValueError(f"the int8 kernel is built for {list(ISAS)}, not {isa!r}")
+    ext = kernels.build(SOURCE, NEEDS[isa], MAY_USE[isa], isa)
     if not isinstance(ext, str):
-        assert (ext.WIDTH, ext.BLOCK) == (WIDTH, BLOCK), "int8.py and int8.cpp disagree"
+        assert (ext.WIDTH, ext.BLOCK, ext.ISA) == (WIDTH, BLOCK, isa), \
+            "int8.py and int8.cpp disagree"
     return ext
 
 
-def unavailable() -> str | None:
-    """Why the int8 kernel cannot run here, or None when it can."""
-    built = _build()
+def unavailable(isa: str = "avx512") -> str | None:
+    """Why the int8 kernel built for ``isa`` cannot run here, or None when it can."""
+    built = _build(isa)
     return built if isinstance(built, str) else None
 
 
@@ -93,34 +104,37 @@ def pack(blocks: Blocks, out: int) -> Codes:
 
 
 def amx() -> bool:
-    """Whether the kernel runs passes of ``AMX_ROWS`` rows or more on AMX tiles here."""
+    """Whether the kernel (the AVX-512 build) runs passes of ``AMX_ROWS`` rows or more on AMX
+    tiles here."""
     return unavailable() is None and _build().amx_ready()
 
 
 def linear(x: torch.Tensor, w: Codes, bias: torch.Tensor | None = None,
-           amx_rows: int | None = None) -> torch.Tensor:
-    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes;
-    passes of at least ``amx_rows`` rows (0: none) take the integer sums from AMX tiles where
-    the CPU has them (None: ``AMX_ROWS``), bitwise the same outputs. (The runtime's rows come
-    flat, [N, in], and go straight through: a pass makes ~120 calls.)"""
+           amx_rows: int | None = None, isa: str = "avx512") -> torch.Tensor:
+    """x [..., in] float32 -> [..., out]: each row quantized to int8 per block, times the codes,
+    on the build for ``isa``; passes of at least ``amx_rows`` rows (0: none) take the integer
+    sums from AMX tiles where the CPU has them (None: ``AMX_ROWS``; the AVX-512 build), bitwise
+    the same outputs. (The runtime's rows come flat, [N, in], and go straight through: a pass
+    makes ~120 calls.)"""
     amx_rows = AMX_ROWS if amx_rows is None else amx_rows
+    ext = _build(isa)
     if x.dim() == 2:
-        return _build().linear(x, w.codes, w.scales, w.out, bias, amx_rows)
-    y = _build().linear(x.reshape(-1, x.shape[-1]), w.codes, w.scales, w.out, bias, amx_rows)
+        return ext.linear(x, w.codes, w.scales, w.out, bias, amx_rows)
+    y = ext.linear(x.reshape(-1, x.shape[-1]), w.codes, w.scales, w.out, bias, amx_rows)
     return y.view(*x.shape[:-1], w.out)
 
 
-def quantize_rows(x: torch.Tensor):
-    """x [M, in]'s rows as the linear quantizes them: codes int8 [M, in], and per block of 32 the
-    scale, scale times the codes' sum, the codes' sum."""
-    return _build().quantize_rows(x)
+def quantize_rows(x: torch.Tensor, isa: str = "avx512"):
+    """x [M, in]'s rows as the linear (built for ``isa``) quantizes them: codes int8 [M, in],
+    and per block of 32 the scale, scale times the codes' sum, the codes' sum."""
+    return _build(isa).quantize_rows(x)
 
 
-def reference(x: torch.Tensor, blocks: Blocks, out: int) -> torch.Tensor:
+def reference(x: torch.Tensor, blocks: Blocks, out: int, isa: str = "avx512") -> torch.Tensor:
     """``linear`` in float64 from exact integer products: per block dw * da * sum(q * qa) +
     mw * da * sum(qa), summed over the blocks; it differs from the kernel's float32 only by the
     rounding of the sums' terms."""
-    qa, da, _, _ = quantize_rows(x.reshape(-1, x.shape[-1]).float())
+    qa, da, _, _ = quantize_rows(x.reshape(-1, x.shape[-1]).float(), isa)
     qw, dw, mw = blocks.codes(out)
     M, nb = da.shape
     ints = torch.einsum("mbk,obk->mob", qa.long().view(M, nb, BLOCK), qw.view(out, nb, BLOCK))
@@ -132,19 +146,20 @@ def reference(x: torch.Tensor, blocks: Blocks, out: int) -> torch.Tensor:
 
 
 def main() -> None:
-    """Build the kernel now and check it on one product (``kernels.main``)."""
-    reason = unavailable()
-    if reason:
-        print(f"specdec int8 linear: not built ({reason}); linears: int8 cannot run here")
-        return
-    gen = torch.Generator().manual_seed(0)
-    for fmt in FORMATS:
-        blocks = random_blocks(fmt, 40, 64, gen)
-        x = torch.randn(5, 64, generator=gen)
-        got = linear(x, pack(blocks, 40)).double()
-        assert torch.allclose(got, reference(x, blocks, 40), rtol=1e-5, atol=1e-5), \
-            f"the int8 linear is wrong here ({fmt})"
-    print(f"specdec int8 linear: built and checked ({SOURCE.name})")
+    """Build the kernel for each ISA now and check it on one product (``kernels.main``)."""
+    for isa in ISAS:
+        reason = unavailable(isa)
+        if reason:
+            print(f"specdec int8 linear ({isa}): not built ({reason})")
+            continue
+        gen = torch.Generator().manual_seed(0)
+        for fmt in FORMATS:
+            blocks = random_blocks(fmt, 40, 64, gen)
+            x = torch.randn(5, 64, generator=gen)
+            got = linear(x, pack(blocks, 40), isa=isa).double()
+            assert torch.allclose(got, reference(x, blocks, 40, isa), rtol=1e-5, atol=1e-5), \
+                f"the int8 linear ({isa}) is wrong here ({fmt})"
+        print(f"specdec int8 linear ({isa}): built and checked ({SOURCE.name})")
 
 
 def random_blocks(fmt: str, out: int, inputs: int, gen: torch.Generator) -> Blocks:

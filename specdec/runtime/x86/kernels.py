@@ -1,10 +1,15 @@
-"""Building specdec's C++ kernels for x86 CPUs with AVX-512: the float32 panel linear
-(``panels``), the linear on GGUF codes and int8 rows (``int8``, with AVX-512 VNNI), the float32
-attention of short rows (``attend``) and the fused float32 element-wise ops (``fused``).
+"""Building specdec's C++ kernels for x86 CPUs: the float32 panel linear (``panels``), the
+linear on GGUF codes and int8 rows (``int8``, with AVX-512 VNNI, or AVX2), the float32 attention
+of short rows (``attend``) and the fused float32 element-wise ops (``fused``).
+
+Each is built for an instruction set (``ISAS``): ``avx512`` (every kernel), or ``avx2`` (with FMA
+and F16C; the int8 linear only, from the same source). A build for another ISA than AVX-512 is an
+extension of its own name (``specdec_int8_avx2``), so both load in one process.
 
 Each is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
-``make setup`` builds all four (``make kernels``: ``main`` below), so serving starts warm. Where one
+``make setup`` builds them all, the int8 linear for each ISA (``make kernels``: ``main`` below),
+so serving starts warm. Where one
 cannot be had (another CPU, no compiler, a failed build) ``build`` returns the reason, and the
 runtime says so once and runs torch's own kernels.
 """
@@ -33,7 +38,9 @@ STALE_LOCK_S = 600  # a build takes about 25 s; a lock this old was left by a ki
 # torch.set_num_threads bounds them. No contraction of a product and a sum into one fused
 # multiply-add unless the source asks for one: g++ contracts vector intrinsics too, and RoPE
 # must round as the eager ops do
-FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp", "-ffp-contract=off"]
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
+# the CPU features (cpuinfo's names) a kernel built for each ISA is compiled for and needs
+ISAS = {"avx512": ("avx512f", "fma"), "avx2": ("avx2", "fma", "f16c")}
 
 
 def gcc_flag(feature: str) -> str:
@@ -42,24 +49,33 @@ def gcc_flag(feature: str) -> str:
     return "-m" + feature.replace("_", "-" if feature.startswith("amx") else "")
 
 
+def missing(isa: str, needs: tuple[str, ...] = ()) -> list[str]:
+    """The CPU features a kernel built for ``isa`` (needing ``needs`` too) lacks here."""
+    return [f for f in (*ISAS[isa], *needs) if f not in cpu_flags()]
+
+
 @functools.cache
-def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = ()):
-    """The extension compiled from ``source`` (named ``specdec_<stem>``), or the reason it
-    cannot be had here (a str). ``needs``: CPU features beyond AVX-512F it is compiled for
-    (cpuinfo's names: ``avx512_vnni`` is gcc's ``-mavx512vnni``); ``may_use``: features it is
-    compiled for too but checks for itself at run time (``amx_int8``)."""
+def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = (),
+          isa: str = "avx512"):
+    """The extension compiled from ``source`` for ``isa`` (named ``specdec_<stem>``, or
+    ``specdec_<stem>_<isa>`` for another ISA than avx512), or the reason it cannot be had here
+    (a str). ``needs``: CPU features beyond the ISA's it is compiled for (cpuinfo's names:
+    ``avx512_vnni`` is gcc's ``-mavx512vnni``); ``may_use``: features it is compiled for too
+    but checks for itself at run time (``amx_int8``)."""
     if not x86_cpu():
         return f"the CPU is {platform.machine()}, not x86-64"
-    missing = [f for f in ("avx512f", *needs) if f not in cpu_flags()]
-    if missing:
-        return f"the CPU has no {' / '.join(missing)}"
+    lacking = missing(isa, needs)
+    if lacking:
+        return f"the CPU has no {' / '.join(lacking)}"
     try:
         from torch.utils.cpp_extension import load
-        name = f"specdec_{source.stem}"
-        directory = build_directory(source)
+        stem = source.stem if isa == "avx512" else f"{source.stem}_{isa}"
+        name = f"specdec_{stem}"
+        directory = build_directory(source, stem)
         clear_stale_lock(directory)
         with own_ninja():
-            flags = FLAGS + [gcc_flag(f) for f in (*needs, *may_use)]
+            isa_flags = [gcc_flag(f) for f in ISAS[isa]]
+            flags = FLAGS[:1] + isa_flags + FLAGS[1:] + [gcc_flag(f) for f in (*needs, *may_use)]
             return load(name, [str(source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                         build_directory=str(directory), verbose=False)
     except Exception as e:  # no compiler, a failed build: the caller says so and goes on
@@ -84,13 +100,14 @@ def own_ninja():
         os.environ["PATH"] = path
 
 
-def build_directory(source: Path) -> Path:
-    """Where the kernel of ``source`` is built: under torch's extension cache
-    (``$TORCH_EXTENSIONS_DIR``), in a folder of this checkout's own, so two checkouts of specdec
-    on one machine do not rebuild each other's kernels on every load."""
+def build_directory(source: Path, stem: str | None = None) -> Path:
+    """Where the kernel of ``source`` is built (``stem``: its build's name, the source's stem by
+    default): under torch's extension cache (``$TORCH_EXTENSIONS_DIR``), in a folder of this
+    checkout's own, so two checkouts of specdec on one machine do not rebuild each other's
+    kernels on every load."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions"
     checkout = hashlib.sha256(str(source.resolve().parent).encode()).hexdigest()[:10]
-    directory = Path(root) / f"specdec-{checkout}" / source.stem
+    directory = Path(root) / f"specdec-{checkout}" / (stem or source.stem)
     directory.mkdir(parents=True, exist_ok=True)
     return directory
 

@@ -1,7 +1,8 @@
 """The x86 backend's linear variants, one class each, chosen once at load by the plan.
 
-- ``Int8Linear``: the GGUF's codes times int8 rows (``int8``; llama.cpp's numerics, not
-  float32's; every row's outputs its outputs alone).
+- ``Int8Linear``: the GGUF's codes times int8 rows (``int8``, its AVX-512 VNNI or AVX2 build, as
+  the plan's ``isa`` says; llama.cpp's numerics, not float32's; every row's outputs its outputs
+  alone, bitwise the same from either build).
 - ``QuantizedLinear``: the float32 panels and the GGUF's codes as panels (``qpanels``): passes of
   at most ``qpanels.ROWS`` rows decode the codes in registers, longer ones read the panels;
   bitwise the same outputs, float32's numerics.
@@ -31,12 +32,13 @@ log = logging.getLogger(__name__)
 class Int8Linear(Linear):
     kind = "int8"
 
-    def __init__(self, w, bias, codes: int8.Codes):
+    def __init__(self, w, bias, codes: int8.Codes, isa: str = "avx512"):
         super().__init__(w, bias)
         self.codes = codes  # ``int8.pack`` of w's GGUF blocks
+        self.isa = isa  # the kernel's build: avx512 | avx2 (``int8.ISAS``)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return int8.linear(x, self.codes, self.bias)
+        return int8.linear(x, self.codes, self.bias, isa=self.isa)
 
 
 class PanelLinear(Linear):

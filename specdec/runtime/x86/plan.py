@@ -3,13 +3,22 @@ attention, KV dtype and dtype run on this CPU, given what its kernels need and w
 build here. Every ``auto`` of the x86 backend is decided here; asked-for kinds that cannot run
 are errors naming the knob and the reason.
 
-How ``auto`` decides, by measurement (docs/RESULTS.md, "Runtime"):
+``isa`` (the instruction set of specdec's kernels) decides which kernels may run: auto is
+avx512 on a CPU with AVX-512 VNNI (every kernel), else avx2 with FMA and F16C (the int8
+linear's AVX2 build only: the others are AVX-512 code), else none; ``isa: avx2`` plans as on a
+CPU without AVX-512 (for tests and benchmarks on one with it). The AVX2 path is chosen for the
+bytes it reads (the GGUF's codes, a quarter of float32's), not yet by a measurement here.
+
+How the other ``auto``s decide, by measurement (docs/RESULTS.md, "Runtime"):
 - dtype: float32 where the model's GGUF codes run int8 rows (they beat bfloat16 on AMX too),
   else bfloat16 on a CPU with AMX (lossless by pieces, cheap rows), else float32;
-- float32 linears: int8 rows on the codes (AVX-512 VNNI), else the codes as float32 panels,
-  else float32 panels (AVX-512), else oneDNN's packed copy; bfloat16: oneDNN's; float64: torch's;
-- attention: float32, specdec's kernel where it builds; bfloat16, grouped where its invariance
-  probe passes, else per query; float64, SDPA;
+- float32 linears: int8 rows on the codes (AVX-512 VNNI or AVX2), else the codes as float32
+  panels, else float32 panels (AVX-512), else oneDNN's packed copy; bfloat16: oneDNN's; float64:
+  torch's;
+- attention: float32, specdec's kernel where it builds; where it does not (an AVX2 CPU) and the
+  linears are batch invariant (int8 rows), grouped or per-query SDPA as in bfloat16, so the
+  passes stay batch invariant; bfloat16, grouped where its invariance probe passes, else per
+  query; float64, SDPA;
 - KV caches: float16 for float32 passes on the kernel (it reads them exactly), else the model's.
 """
 
@@ -17,31 +26,68 @@ from __future__ import annotations
 
 from specdec.runtime.plan import PlanError, RuntimeConfig, cpu_flags
 from specdec.runtime.weights import Shape
-from specdec.runtime.x86 import attend, fused, int8, panels
+from specdec.runtime.x86 import attend, fused, int8, kernels, panels
 
 KERNEL_LINEARS = {"int8": int8, "quantized": panels, "panels": panels}
+INVARIANT_ATTENTIONS = ("kernel", "grouped", "per_query")  # each query's result its own alone
+INT8_BUILDS = {"avx512": "AVX-512 VNNI", "avx2": "AVX2"}  # the int8 kernel's, as the plan says
 
 
 def resolve_kinds(config: RuntimeConfig, shape: Shape, blocks: bool, reasons: list) -> dict:
-    dtype = pick_dtype(config, blocks, reasons)
+    isa = pick_isa(config, reasons)
+    dtype = pick_dtype(config, isa, blocks, reasons)
     if dtype == "bfloat16":
-        return invariant_kinds(config, shape, reasons)
-    linears = pick_linears(config, dtype, blocks, reasons)
-    attention = pick_attention(config, dtype, shape, reasons)
+        return invariant_kinds(config, shape, reasons) | {"isa": isa}
+    linears = pick_linears(config, isa, dtype, blocks, reasons)
+    attention = pick_attention(config, isa, dtype, shape, linears, reasons)
     kv = pick_kv(config, dtype, attention, reasons)
-    invariant = linears in KERNEL_LINEARS and attention == "kernel"
+    invariant = linears in KERNEL_LINEARS and attention in INVARIANT_ATTENTIONS
     numerics = dtype
     if linears == "int8":
-        numerics = "int8 rows on the GGUF's codes (llama.cpp's numerics, not float32's)"
+        numerics = (f"int8 rows on the GGUF's codes (llama.cpp's numerics, not float32's; "
+                    f"the {INT8_BUILDS[isa]} kernel)")
     if kv == "float16" and dtype != "float16":
         numerics += "; keys and values rounded to float16 in the KV caches"
     return dict(dtype=dtype, numerics=numerics, linears=linears, attention=attention,
-                kv_cache_dtype=kv, batch_invariant=invariant,
-                fused=dtype == "float32" and fused.unavailable() is None)
+                kv_cache_dtype=kv, batch_invariant=invariant, isa=isa,
+                fused=dtype == "float32" and avx512_off(isa, fused.unavailable()) is None)
 
 
-def int8_runs(config: RuntimeConfig, blocks: bool) -> bool:
-    return blocks and config.linears in ("auto", "int8") and int8.unavailable() is None
+def lacking(isa: str, needs: tuple[str, ...] = ()) -> list[str]:
+    """The CPU features the kernels built for ``isa`` (and ``needs``) need that this CPU lacks."""
+    return [f for f in (*kernels.ISAS[isa], *needs) if f not in cpu_flags()]
+
+
+def pick_isa(config: RuntimeConfig, reasons: list) -> str:
+    """avx512 | avx2 | none: the instruction set specdec's kernels run on."""
+    if config.isa != "auto":
+        missing = lacking(config.isa)
+        if missing:
+            raise PlanError(f"isa: {config.isa} cannot run here: the CPU has no "
+                            f"{' / '.join(missing)} (isa: auto)")
+        return config.isa
+    if not lacking("avx512", int8.NEEDS["avx512"]):
+        return "avx512"
+    if not lacking("avx2"):
+        reasons.append("isa auto: avx2 (no AVX-512 VNNI here): int8 rows on the AVX2 kernel, "
+                       "no AVX-512 kernel")
+        return "avx2"
+    reasons.append("isa auto: none (no AVX2 with FMA and F16C here): none of specdec's kernels")
+    return "none"
+
+
+def avx512_off(isa: str, why: str | None) -> str | None:
+    """Why an AVX-512 kernel (``why``: its own reason, or None) does not run with ``isa``."""
+    return why if isa == "avx512" else f"isa {isa} runs no AVX-512 kernel"
+
+
+def int8_off(isa: str) -> str | None:
+    """Why the int8 linear does not run with ``isa``, or None where it does."""
+    return int8.unavailable(isa) if isa in int8.ISAS else "no AVX2 or AVX-512 here"
+
+
+def int8_runs(config: RuntimeConfig, isa: str, blocks: bool) -> bool:
+    return blocks and config.linears in ("auto", "int8") and int8_off(isa) is None
 
 
 def float32_only(config: RuntimeConfig) -> str | None:
@@ -53,14 +99,14 @@ def float32_only(config: RuntimeConfig) -> str | None:
     return None
 
 
-def pick_dtype(config: RuntimeConfig, blocks: bool, reasons: list) -> str:
+def pick_dtype(config: RuntimeConfig, isa: str, blocks: bool, reasons: list) -> str:
     if config.dtype != "auto":
         return config.dtype
     knob = float32_only(config)
     if knob:
         reasons.append(f"dtype auto: float32, which {knob} runs")
         return "float32"
-    if int8_runs(config, blocks):
+    if int8_runs(config, isa, blocks):
         reasons.append("dtype auto: float32, whose linears run int8 rows on the GGUF's codes")
         return "float32"
     if "amx_bf16" in cpu_flags():
@@ -70,10 +116,12 @@ def pick_dtype(config: RuntimeConfig, blocks: bool, reasons: list) -> str:
     return "float32"
 
 
-def pick_linears(config: RuntimeConfig, dtype: str, blocks: bool, reasons: list) -> str:
+def pick_linears(config: RuntimeConfig, isa: str, dtype: str, blocks: bool,
+                 reasons: list) -> str:
     asked = config.linears
+    panels_off = avx512_off(isa, panels.unavailable())
     if asked in KERNEL_LINEARS:
-        why = KERNEL_LINEARS[asked].unavailable()
+        why = int8_off(isa) if asked == "int8" else panels_off
         if dtype != "float32":
             raise PlanError(f"linears: {asked} runs float32 passes, not {dtype} (dtype: float32)")
         if why:
@@ -86,30 +134,52 @@ def pick_linears(config: RuntimeConfig, dtype: str, blocks: bool, reasons: list)
         return asked
     if dtype != "float32":
         return "torch" if dtype == "float64" else "onednn"
-    if int8_runs(config, blocks):
+    if int8_runs(config, isa, blocks):
         chosen = "int8"
-    elif panels.unavailable() is None:
+    elif panels_off is None:
         chosen = "quantized" if blocks else "panels"
     else:
         chosen = "onednn"
-        reasons.append(f"linears auto: onednn ({panels.unavailable()})")
+        reasons.append(f"linears auto: onednn ({panels_off})")
     return chosen
 
 
-def pick_attention(config: RuntimeConfig, dtype: str, shape: Shape, reasons: list) -> str:
+def pick_attention(config: RuntimeConfig, isa: str, dtype: str, shape: Shape, linears: str,
+                   reasons: list) -> str:
+    """float32 passes: the kernel where it runs; where it does not and the linears are batch
+    invariant, invariant SDPA (``invariant_attention``), so the passes stay invariant."""
     asked = config.attention
-    if asked in ("grouped", "per_query"):
-        raise PlanError(f"attention: {asked} is for batch-invariant bfloat16 passes; these are "
-                        f"{dtype} (attention: auto, kernel or sdpa)")
-    kernel_why = attend.unavailable(shape.head_dim) if dtype == "float32" else \
-        f"it runs float32 passes, not {dtype}"
+    if asked in ("grouped", "per_query") and dtype != "float32":
+        raise PlanError(f"attention: {asked} is for batch-invariant float32 or bfloat16 passes; "
+                        f"these are {dtype} (attention: auto or sdpa)")
+    kernel_why = avx512_off(isa, attend.unavailable(shape.head_dim)) if dtype == "float32" \
+        else f"it runs float32 passes, not {dtype}"
     if asked == "kernel" and kernel_why:
         raise PlanError(f"attention: kernel cannot run here: {kernel_why}")
-    if asked == "auto":
-        if kernel_why and dtype == "float32":
-            reasons.append(f"attention auto: sdpa ({kernel_why})")
-        return "sdpa" if kernel_why else "kernel"
-    return asked
+    if asked != "auto":
+        return asked
+    if not kernel_why:
+        return "kernel"
+    if dtype == "float32" and linears in KERNEL_LINEARS:
+        attention = invariant_attention(shape, "float32")
+        reasons.append(f"attention auto: {attention}, batch invariant ({kernel_why}; the "
+                       f"grouped invariance probe {'passed' if attention == 'grouped' else 'failed'}"
+                       f" here)")
+        return attention
+    if dtype == "float32":
+        reasons.append(f"attention auto: sdpa ({kernel_why})")
+    return "sdpa"
+
+
+def invariant_attention(shape: Shape, dtype: str) -> str:
+    """grouped where its invariance probe passes on this machine, else per_query."""
+    import torch
+
+    from specdec.runtime.x86.invariance import attention_invariant
+
+    grouped = attention_invariant("grouped", shape.heads, shape.kv_heads, shape.head_dim,
+                                  getattr(torch, dtype))
+    return "grouped" if grouped else "per_query"
 
 
 def pick_kv(config: RuntimeConfig, dtype: str, attention: str, reasons: list) -> str:
@@ -125,8 +195,6 @@ def pick_kv(config: RuntimeConfig, dtype: str, attention: str, reasons: list) ->
 def invariant_kinds(config: RuntimeConfig, shape: Shape, reasons: list) -> dict:
     """bfloat16: batch invariant by pieces, on oneDNN's linears and SDPA's grouped or
     per-query attention (``invariance``)."""
-    from specdec.runtime.x86.invariance import attention_invariant
-
     if config.linears not in ("auto", "onednn"):
         raise PlanError(f"linears: {config.linears} does not run bfloat16 passes "
                         f"(linears: auto or onednn)")
@@ -138,11 +206,8 @@ def invariant_kinds(config: RuntimeConfig, shape: Shape, reasons: list) -> dict:
                         "(kv_cache_dtype: auto or model)")
     attention = config.attention
     if attention == "auto":
-        import torch
-        grouped = attention_invariant("grouped", shape.heads, shape.kv_heads, shape.head_dim,
-                                      torch.bfloat16)
-        attention = "grouped" if grouped else "per_query"
+        attention = invariant_attention(shape, "bfloat16")
         reasons.append(f"attention auto: {attention} (the grouped invariance probe "
-                       f"{'passed' if grouped else 'failed'} here)")
+                       f"{'passed' if attention == 'grouped' else 'failed'} here)")
     return dict(dtype="bfloat16", numerics="bfloat16", linears="onednn", attention=attention,
                 kv_cache_dtype="bfloat16", batch_invariant=True, fused=False)
