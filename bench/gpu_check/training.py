@@ -1,15 +1,9 @@
-"""Stage (c) of the GPU check: with the time left, a shortened drafter training on the device.
-
-- ``responses``: the target answers the train prompts greedily (HF ``generate``, batched, left
-  padded, float32) for at most a share of the time left; the answers become a corpus Parquet;
-- ``drafter``: ``pipelines.train_drafter.run_offline`` (one process, the GPU when there is one)
-  trains a fresh block drafter shaped like the committed one (block size, layers, taps, draft
-  vocabulary) on those responses, its step count fitted to the time left;
-- ``compare``: the trained drafter's and the committed drafter's mean accepted length (tokens
-  committed per round, fixed window of a whole block, strict greedy) on the benchmark prompts.
-
-What it is not: a training run of record. Minutes of training on a few hundred answers do not
-reach the committed drafter; the numbers say what a GPU minute buys.
+"""Stage (c) of the GPU check, with the time left: ``responses`` (the target answers the train
+prompts greedily, batched, for a share of the time left: a corpus), ``drafter``
+(``pipelines.train_drafter.run_offline`` trains a fresh drafter shaped like the committed one on
+them, its steps fitted to the time left) and ``compare`` (both drafters' mean accepted length,
+fixed window of a block, strict greedy, on the benchmark prompts). Not a training run of record:
+the numbers say what a GPU minute buys.
 """
 
 from __future__ import annotations
@@ -25,9 +19,8 @@ from bench.gpu_check.tiny import corpus_file
 
 
 def committed_drafter(ctx: Context) -> str:
-    if ctx.args.tiny:
-        return ctx.keep["tiny"]["block-drafter"]
-    return str(Path(ctx.args.committed) / "drafter")
+    return ctx.keep["tiny"]["block-drafter"] if ctx.args.tiny else str(Path(ctx.args.committed)
+                                                                          / "drafter")
 
 
 def responses(ctx: Context) -> dict:
