@@ -371,14 +371,19 @@ def markdown(result: dict) -> str:
     return "\n".join([*lines, "", *goal_rows(result["goals"])]) + "\n"
 
 
+def loop_arguments(ap: argparse.ArgumentParser, repeats: int) -> None:
+    """The closed loop's shape: this harness's, and ``bench.ceiling``'s, which prices it."""
+    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=repeats)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/serve/local.yaml")
-    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    loop_arguments(ap, repeats=2)
     ap.add_argument("--prompts-file", help="a JSON list of prompt strings, in place of HumanEval's")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--engine", action="store_true",
                     help="also run the SD app's engine in this process, one prompt at a time")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",

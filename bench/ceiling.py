@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bench import humaneval
-from bench.batching import goals
+from bench.batching import goals, loop_arguments
 from bench.passes import Passes, interleaved
 from bench.report import command, goal_rows, machine_line, now, write
 
@@ -97,10 +97,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=5)
+    loop_arguments(ap, repeats=5)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if 1 not in args.concurrency:

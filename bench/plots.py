@@ -76,33 +76,12 @@ def asd_frontier(summary: dict, asd_methods: dict[str, str]):
     return fig
 
 
-def draft_sources(summary: dict):
-    """The share of rounds each draft source proposed, per method that mixes sources."""
-    fig, axes = panels(len(summary))
-    for ax, (w, per_method) in zip(axes, summary.items(), strict=True):
-        mixed = {m: x["draft_sources"] for m, x in per_method.items() if x.get("draft_sources")}
-        kinds = sorted({k for mix in mixed.values() for k in mix})
-        bottom = [0.0] * len(mixed)
-        for kind in kinds:
-            shares = [mix.get(kind, 0) / sum(mix.values()) for mix in mixed.values()]
-            ax.bar(range(len(mixed)), shares, bottom=bottom, label=kind)
-            bottom = [b + x for b, x in zip(bottom, shares, strict=True)]
-        ax.set_xticks(range(len(mixed)))
-        ax.set_xticklabels(list(mixed), rotation=45, ha="right", fontsize=7)
-        ax.set(ylabel="share of rounds", ylim=(0, 1.05), title=f"{w}: draft sources")
-        if kinds:
-            ax.legend(fontsize=7)
-    return fig
-
-
 def engine_figures(summary: dict, asd_methods: dict[str, str]) -> dict:
     """file stem -> figure; the ASD frontier needs an ASD method (``asd_methods``: ASD method ->
-    the strict method it approximates), the draft sources a method that mixes sources."""
+    the strict method it approximates)."""
     out = {"speedup": speedup(summary), "acceptance_per_position": acceptance(summary)}
     if asd_methods:
         out["asd_frontier"] = asd_frontier(summary, asd_methods)
-    if any(len(x.get("draft_sources") or {}) > 1 for w in summary.values() for x in w.values()):
-        out["draft_sources"] = draft_sources(summary)
     return out
 
 

@@ -69,7 +69,7 @@ def test_writes_results_plots_and_an_mlflow_run(results, env):
     out = env / "out"
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["workloads"].keys() == {"humaneval", "sharegpt"}
-    for stem in ("speedup", "acceptance_per_position", "asd_frontier", "draft_sources"):
+    for stem in ("speedup", "acceptance_per_position", "asd_frontier"):
         assert (out / f"{stem}.png").stat().st_size > 1000
     md = (out / "results.md").read_text()
     assert "### humaneval (2 prompts)" in md and "| pacer |" in md and "## Goals" in md
