@@ -70,12 +70,9 @@ class Journal:
                     self.done[(r.repeat, r.prompt, r.method)] = r
             else:
                 self.path.rename(self.path.with_suffix(".stale"))
-        if not self.done:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"fingerprint": key}) + "\n")
-        else:  # drop a cut last line, if any, by rewriting what was read
-            self.path.write_text(json.dumps({"fingerprint": key}) + "\n"
-                                 + "".join(to_line(r) for r in self.done.values()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # rewritten: a cut last line goes
+        self.path.write_text(json.dumps({"fingerprint": key}) + "\n"
+                             + "".join(to_line(r) for r in self.done.values()))
 
     def get(self, repeat: int, prompt: str, method: str) -> Record | None:
         return self.done.get((repeat, prompt, method))

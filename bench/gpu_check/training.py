@@ -19,8 +19,9 @@ from bench.gpu_check.tiny import corpus_file
 
 
 def committed_drafter(ctx: Context) -> str:
-    return ctx.keep["tiny"]["block-drafter"] if ctx.args.tiny else str(Path(ctx.args.committed)
-                                                                          / "drafter")
+    if ctx.args.tiny:
+        return ctx.keep["tiny"]["block-drafter"]
+    return str(Path(ctx.args.committed) / "drafter")
 
 
 def responses(ctx: Context) -> dict:
