@@ -91,41 +91,35 @@ def logit_margin(model, ids: list[int]) -> dict:
 
 
 def decode(ctx: Context, dtype: str) -> dict:
-    from specdec.engine.settings import GenerationParams, SpecSettings
+    from bench.methods import Method, Prompt, engine_runner, measure
 
     a, (target, plain, sd) = ctx.args, engines(ctx, dtype)
     sets = prompts.load(a.prompts)
-    bench = prompts.token_ids(target.tokenizer, sets["benchmark"])[: a.benchmark_prompts]
-    spec = dict(ctx.keep["served"]["speculative"])
-    params = {"ar": GenerationParams(max_new_tokens=a.max_new_tokens),
-              "sd": GenerationParams(max_new_tokens=a.max_new_tokens,
-                                     spec=SpecSettings(spec.pop("policy", "fixed"), **spec))}
-    runs = {"ar": plain, "sd": sd}
+    bench = [Prompt(str(i), "benchmark", ids) for i, ids in enumerate(
+        prompts.token_ids(target.tokenizer, sets["benchmark"])[: a.benchmark_prompts])]
+    run = {"ar": engine_runner(plain, {}),
+           "sd": engine_runner(sd, dict(ctx.keep["served"]["speculative"]))}
     warm = prompts.token_ids(target.tokenizer, sets["train"])[0]
-    for name in runs:  # kernels, allocator, cuBLAS handles
-        runs[name].generate(warm, params[name])
-    done: dict[str, list] = {"ar": [], "sd": []}
-    for i, ids in enumerate(bench):
-        for name in (("ar", "sd") if i % 2 == 0 else ("sd", "ar")):
-            if torch.device(a.device).type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = runs[name].generate(ids, params[name])
-            done[name].append((out, time.perf_counter() - start))
-    speed = {n: statistics.median(len(o.token_ids) / s for o, s in done[n]) for n in done}
+    for runner in run.values():  # kernels, allocator, cuBLAS handles
+        runner(warm, a.max_new_tokens)
+    # the engine harness's timer: one call at a time, the order alternating from prompt to prompt
+    records = measure(bench, [Method("ar", "plain"), Method("sd", "served")], run,
+                      a.max_new_tokens, repeats=1, progress=False)
+    done = {n: [r for r in records if r.method == n] for n in run}
+    speed = {n: statistics.median(len(r.tokens) / r.seconds for r in rs) for n, rs in done.items()}
     differences = []
-    for i, (ids, (x, _), (y, _)) in enumerate(zip(bench, done["ar"], done["sd"], strict=True)):
-        if x.token_ids != y.token_ids:
-            at = next((j for j, (p, q) in enumerate(zip(x.token_ids, y.token_ids, strict=False))
-                       if p != q), min(len(x.token_ids), len(y.token_ids)))
-            differences.append({"prompt": i, "position": at, "plain": x.token_ids[at: at + 1],
-                                "sd": y.token_ids[at: at + 1],
-                                **logit_margin(target.model, ids + x.token_ids[:at])})
-    rounds = sum(o.stats.rounds for o, _ in done["sd"])
+    for p, x, y in zip(bench, done["ar"], done["sd"], strict=True):
+        if x.tokens != y.tokens:
+            at = next((j for j, (u, v) in enumerate(zip(x.tokens, y.tokens, strict=False))
+                       if u != v), min(len(x.tokens), len(y.tokens)))
+            differences.append({"prompt": int(p.id), "position": at, "plain": x.tokens[at: at + 1],
+                                "sd": y.tokens[at: at + 1],
+                                **logit_margin(target.model, p.ids + x.tokens[:at])})
+    rounds = sum(r.stats.rounds for r in done["sd"])
     return {"dtype": dtype, "device": str(target.device), "plan": plan_of(target),
             "prompts": len(bench), "max_new_tokens": a.max_new_tokens,
             "ar_tokens_per_s": round(speed["ar"], 2), "sd_tokens_per_s": round(speed["sd"], 2),
             "sd_vs_ar": round(speed["sd"] / speed["ar"], 3),
-            "mean_accepted_length": round(sum(o.stats.committed for o, _ in done["sd"])
+            "mean_accepted_length": round(sum(r.stats.committed for r in done["sd"])
                                           / max(1, rounds), 3),
             "equal": len(bench) - len(differences), "of": len(bench), "differences": differences}
