@@ -1,28 +1,19 @@
-"""The served harness: what continuous batching buys, for plain AR and the default SD, over HTTP.
+"""The served harness: the served default and plain AR over HTTP, at concurrency levels.
 
 The served default (``configs/serve/local.yaml`` with its ``default_pair``, as ``make serve``
-resolves it) and the same app with ``drafter: none`` (plain AR, same runtime, dtype and threads)
-side by side on one embedded Ray, nothing else running; the same prompts at each concurrency (a
-closed loop: ``c`` clients, each sending its next prompt when the last one is answered), levels
-and methods interleaved per repeat, the methods' order rotated each repeat. Per (method,
-concurrency): aggregate tokens/s, p50 / p95 latency (medians over repeats), the mean batch of a
-target step (``GET /debug/metrics``), and whether every output equals the method's sequential
-(concurrency 1) one and its plain decoding's. The SD app's suffix tree does not learn online here
-(``suffix.online: false``): every level sends the same prompts, so an online tree would replay them.
-``--unbatched`` adds AR with ``batching.max_batch: 1`` at the highest concurrency; ``--engine``
-the SD app's engine in this process (``sd_engine``: no Ray or HTTP, one prompt at a time, at
-concurrency 1, the outputs the served ones must equal); ``--variant NAME=JSON`` one more app, the
-default with those args changed (each top-level dict merged one level deep), e.g.
-``--variant 'sd_caps={"batching": {"draft_caps": {"8": 4}}}'``; with ``"drafter": "none"`` a
-variant decodes plainly. ``--peer NAME=URL`` adds an external OpenAI-compatible server already
-running there, ``--llama-server PATH`` llama.cpp's server (``make llama-server``) started here on
-the target's GGUF with the target's threads: peers get the same prompts, client and closed loop
-and sit in the same tables, but decode in their own numerics, so their outputs are not compared
-(and they have no target steps to count). Writes ``result.json``, ``result.md`` and
-``concurrency.png``; the machine line names the CPU flags that pick the kernels.
+resolves it) and the same app with ``drafter: none`` side by side on one embedded Ray; each level
+a closed loop of ``c`` clients over the same prompts, levels and methods interleaved, the order
+rotated each repeat. Per (method, level): aggregate tokens/s, p50 / p95 latency, the target's
+steps (``GET /debug/metrics``) and whether every output equals the method's concurrency-1 one and
+its plain decoding's (the SD app's suffix tree does not learn online here: every level sends the
+same prompts). Arms beside them: ``--engine`` the SD app's engine in this process (no Ray or HTTP,
+concurrency 1: the outputs the served ones must equal); ``--variant NAME=JSON`` the default with
+those args changed (dicts merged one level deep; ``"drafter": "none"`` decodes plainly);
+``--peer NAME=URL`` an OpenAI-compatible server already running, ``--llama-server PATH``
+llama.cpp's server started here on the target's GGUF (peers decode in their own numerics: their
+outputs are not compared). Writes ``result.json``, ``result.md`` and ``concurrency.png``.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
-    python -m bench.batching --concurrency 1 8 --llama-server .peers/llama-server
 """
 
 from __future__ import annotations
@@ -46,7 +37,9 @@ from bench import humaneval
 from bench.report import command, goal_rows, machine_line, now, write
 
 SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
-BUILTIN = ("ar", "sd", "ar_unbatched", "sd_engine")  # the arms every --variant sits beside
+BUILTIN = ("ar", "sd", "sd_engine")  # the arms every --variant sits beside
+SPLIT = ("target_ms_per_round", "rest_ms_per_round", "drafted_per_round", "accepted_per_round")
+STEPS = ("step_tokens", "step_ms", "target_busy")  # the served levels' target steps
 
 
 def prompts_from_file(path: str) -> list[str]:
@@ -65,13 +58,12 @@ def served_default(config_path: str) -> dict:
     return serve_args(args, doc.get("default_pair"), doc.get("default_drafter", "block"))
 
 
-def method_args(sd: dict, unbatched: bool, variants: dict[str, dict] | None = None) -> dict[str, dict]:
+def method_args(sd: dict, variants: dict[str, dict] | None = None) -> dict[str, dict]:
+    """App args by arm: ``ar``, ``sd`` (its suffix tree not grown online) and each variant."""
     ar = {k: v for k, v in sd.items() if k not in SD_ONLY} | {"drafter": "none"}
-    if "suffix" in sd:  # the same tree at every level: the offline index, not grown online
+    if "suffix" in sd:
         sd = sd | {"suffix": {**sd["suffix"], "online": False}}
     apps = {"ar": ar, "sd": sd}
-    if unbatched:
-        apps["ar_unbatched"] = ar | {"batching": {**ar.get("batching", {}), "max_batch": 1}}
     for name, changes in (variants or {}).items():
         app = merged(sd, changes)
         apps[name] = app if app.get("drafter") != "none" else {
@@ -117,8 +109,7 @@ def target_gguf(target: str) -> Path:
     if target not in NAMED_SOURCES:
         raise ValueError(f"--llama-server: the served target {target!r} is not built from a GGUF "
                          f"(one of {sorted(NAMED_SOURCES)})")
-    source = NAMED_SOURCES[target]
-    return source.gguf_dir() / source.gguf_file
+    return NAMED_SOURCES[target].gguf_dir() / NAMED_SOURCES[target].gguf_file
 
 
 class LlamaServer:
@@ -162,27 +153,16 @@ class LlamaServer:
             self.proc.wait()
 
 
-def served_model(url: str) -> str:
-    """The model an OpenAI-compatible server names first in ``GET /v1/models``."""
-    return requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-
-
 def rotated(methods: list[str], r: int) -> list[str]:
-    """The methods in the order repeat ``r`` runs them at each level: each repeat starts one
-    further along, so no method always runs first or right after the same one (this machine's
-    speed drifts within a level's minute as well as between levels)."""
+    """The order of repeat ``r``: each repeat starts one further along, so no method always runs
+    first or right after the same one (the machine drifts within a level too)."""
     k = r % len(methods)
     return methods[k:] + methods[:k]
 
 
-def p95(latencies: list[float]) -> float:
-    """The nearest-rank 95th percentile of sorted latencies."""
-    return latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
-
-
 class InProcess:
     """The SD app's engine in this process, without Ray or HTTP: the same models, settings,
-    suffix tree and thread count as its target actor (the served path against it)."""
+    suffix tree and thread count as its target actor."""
 
     def __init__(self, args: dict):
         from cluster.app import resolve_references
@@ -209,33 +189,27 @@ class InProcess:
         return {"token_ids": out.token_ids, "tokens": len(out.token_ids),
                 "latency_s": time.perf_counter() - t0, "spec_decode": out.stats.to_dict()}
 
-
-def run_in_process(engine: InProcess, prompts: list[str], max_tokens: int) -> dict:
-    """One client, prompt after prompt, as concurrency 1 runs them over HTTP."""
-    t0 = time.perf_counter()
-    outs = [engine.complete(p, max_tokens) for p in prompts]
-    return level(outs, time.perf_counter() - t0, None)
+    def level(self, prompts: list[str], max_tokens: int) -> dict:
+        """One client, prompt after prompt, as concurrency 1 runs them over HTTP."""
+        t0 = time.perf_counter()
+        outs = [self.complete(p, max_tokens) for p in prompts]
+        return level(outs, time.perf_counter() - t0, None)
 
 
 def level(outs: list[dict], wall: float, mean_batch: float | None) -> dict:
     """One level's numbers from its replies (token_ids, tokens, latency_s, spec_decode each)."""
     latencies = sorted(o["latency_s"] for o in outs)
     tokens = sum(o["tokens"] for o in outs)
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]  # nearest rank
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "p50_s": statistics.median(latencies), "p95_s": p95(latencies),
-            "mean_batch": mean_batch, **round_split(outs),
-            "token_ids": [o["token_ids"] for o in outs]}
-
-
-SPLIT = ("target_ms_per_round", "rest_ms_per_round", "drafted_per_round", "accepted_per_round")
-STEPS = ("step_tokens", "step_ms", "target_busy")  # the served levels' target steps
+            "p50_s": statistics.median(latencies), "p95_s": p95, "mean_batch": mean_batch,
+            **round_split(outs), "token_ids": [o["token_ids"] for o in outs]}
 
 
 def round_split(outs: list[dict]) -> dict:
-    """Where a round's time goes, from each reply's ``spec_decode`` stats (plain AR's too): the
-    target's forward and verification, and the rest (the drafter included): actor calls,
-    scheduling, glue. Served at one client against the engine, the rest is what serving adds.
-    Also the draft tokens a round sent and the target accepted (the rows a verify spends)."""
+    """A round's time from the replies' ``spec_decode`` stats: the target's forward and
+    verification, and the rest (drafter, actor calls, scheduling, glue: at one client against
+    the engine, what serving adds); and the draft tokens a round sent and had accepted."""
     stats = [o["spec_decode"] for o in outs if o.get("spec_decode")]
     rounds = sum(s["rounds"] for s in stats)
     if not rounds:
@@ -274,40 +248,37 @@ def complete(url: str, model: str, prompt: str, max_tokens: int) -> dict:
             "latency_s": time.perf_counter() - t0, "spec_decode": out.get("spec_decode")}
 
 
-def batch_totals(url: str) -> dict:
-    return requests.get(f"{url}/debug/metrics", timeout=30).json()
-
-
 def run_level(url: str, model: str, prompts: list[str], max_tokens: int, c: int,
               peer: bool = False) -> dict:
     """One level over HTTP; a ``peer`` has no ``/debug/metrics`` (no target steps counted)."""
-    before = {} if peer else batch_totals(url)
-    t0 = time.perf_counter()
+    def totals() -> dict:
+        return {} if peer else requests.get(f"{url}/debug/metrics", timeout=30).json()
+
+    before, t0 = totals(), time.perf_counter()
     with ThreadPoolExecutor(c) as pool:
         outs = list(pool.map(lambda p: complete(url, model, p, max_tokens), prompts))
-    wall = time.perf_counter() - t0
-    after = {} if peer else batch_totals(url)
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "step_requests",
-                                                              "step_tokens", "step_s")}
+    wall, after = time.perf_counter() - t0, totals()
+    delta = {k: after.get(k, 0) - before.get(k, 0)
+             for k in ("steps", "step_requests", "step_tokens", "step_s")}
     steps = delta["steps"]
     out = level(outs, wall, delta["step_requests"] / steps if steps else None)
     if steps:  # the target's steps: their mean size and time, and the share of the wall they fill
-        out |= {"step_tokens": delta["step_tokens"] / steps, "step_ms": 1e3 * delta["step_s"] / steps,
-                "target_busy": delta["step_s"] / wall}
+        out |= {"step_tokens": delta["step_tokens"] / steps,
+                "step_ms": 1e3 * delta["step_s"] / steps, "target_busy": delta["step_s"] / wall}
     return out
 
 
 def references(apps: dict[str, dict]) -> dict[str, str]:
-    """Each app's plain-decoding reference: the AR app of its own numerics, its dtype, its
-    batch-invariant attention, its linears and its KV caches (``ar`` when none is served),
-    since other numerics decode other tokens; ``sd_engine`` checks against ``sd``'s."""
+    """Each app's plain-decoding reference: the first plain app (``ar`` first) of its numerics
+    (dtype, attention, linears, KV caches: other numerics decode other tokens); ``sd_engine``
+    checks against ``sd``'s."""
     def numerics(args: dict) -> tuple:
         return (args.get("dtype"), args.get("attention", "auto"), args.get("linears", "auto"),
                 args.get("kv_cache_dtype", "auto"), args.get("isa", "auto"))
 
     plain: dict[tuple, str] = {}
     for name in ("ar", *apps):
-        if apps[name].get("drafter") == "none" and name != "ar_unbatched":
+        if apps[name].get("drafter") == "none":
             plain.setdefault(numerics(apps[name]), name)
     refs = {name: plain.get(numerics(args), "ar") for name, args in apps.items()}
     return refs | {"sd_engine": refs["sd"]}
@@ -315,8 +286,8 @@ def references(apps: dict[str, dict]) -> dict[str, str]:
 
 def summarise(runs: dict, refs: dict[str, str] | None = None, peers=()) -> dict:
     """Medians over repeats per (method, concurrency), and the output checks: the same as the
-    method's own sequential (concurrency 1) outputs, and as its plain-decoding reference's
-    (``refs``; ``ar`` when not given); None for ``peers`` (their own numerics: not compared)."""
+    method's concurrency-1 outputs and as its reference's (``refs``; default ``ar``); None for
+    ``peers``."""
     summary = {}
     for (method, c), rs in runs.items():
         medians = {k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs)
@@ -326,54 +297,51 @@ def summarise(runs: dict, refs: dict[str, str] | None = None, peers=()) -> dict:
     seq = {m: runs[(m, 1)][0]["token_ids"] for m in summary if (m, 1) in runs}
     if "sd_engine" in seq:  # the engine's outputs are what the served SD app must return
         seq["sd"] = seq["sd_engine"]
-    refs = refs or {}
-    checks = {}
+    refs, checks = refs or {}, {}
     for (m, c), rs in runs.items():
         ar = seq.get(refs.get(m, "ar"))
-        if m in peers:
-            checks[f"{m}@c{c}"] = {"same_as_sequential": None, "same_as_ar": None,
-                                   "reference": None}
-            continue
-        checks[f"{m}@c{c}"] = {
-            "same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
-            "same_as_ar": all(r["token_ids"] == ar for r in rs), "reference": refs.get(m, "ar")}
+        checks[f"{m}@c{c}"] = (
+            {"same_as_sequential": None, "same_as_ar": None, "reference": None} if m in peers else
+            {"same_as_sequential": all(r["token_ids"] == seq.get(m, ar) for r in rs),
+             "same_as_ar": all(r["token_ids"] == ar for r in rs), "reference": refs.get(m, "ar")})
     return {"summary": summary, "checks": checks}
 
 
-def goals(summary: dict, refs: dict[str, str] | None = None, peers=()) -> dict:
-    """The served goals for the default (plain AR scales with clients, SD beats it at 8, latency
-    holds, serving adds little to the engine), the 8-client one for each SD ``--variant``
-    against its plain-decoding reference (``refs``: the AR app of its dtype), and against each of
-    ``peers`` at 1 and 8 clients: the default at least as fast, plain AR at least 0.9x."""
-    ar, sd, refs = summary["ar"], summary["sd"], refs or {}
-    out = {}
+def ratio(summary: dict, a: str, b: str, c: int, goal: float) -> dict | None:
+    if c in summary.get(a, {}) and c in summary.get(b, {}):
+        return {"value": summary[a][c]["tokens_per_s"] / summary[b][c]["tokens_per_s"],
+                "goal": goal}
+    return None
+
+
+def goals(summary: dict, refs: dict[str, str] | None = None, peers=(), plain=()) -> dict:
+    """The served goals: plain AR scales with clients, SD (and each SD variant) beats its plain
+    reference at 8, latency holds, serving adds little to the engine; against each of ``peers``
+    at 1 and 8 clients, SD at least as fast and plain AR at least 0.9x. ``plain``: the
+    plain-decoding variants (references, not held to goals)."""
+    refs, out = refs or {}, {}
+    ar = summary["ar"]
     if 8 in ar and 1 in ar:
         out["ar_c8_over_c1"] = {"value": ar[8]["tokens_per_s"] / ar[1]["tokens_per_s"], "goal": 4.0}
-    for name in ("sd", *(m for m in summary if m not in BUILTIN and m not in peers)):
+    for name in ("sd", *(m for m in summary if m not in (*BUILTIN, *peers, *plain))):
         base = refs.get(name, "ar")
-        if base == name:  # a plain-decoding variant: the reference of others
-            continue
-        if 8 in summary[base] and 8 in summary[name]:
-            out[f"{name}_c8_over_{base}_c8"] = {
-                "value": summary[name][8]["tokens_per_s"] / summary[base][8]["tokens_per_s"],
-                "goal": 1.3}
-    for name, x in (("sd", sd), ("ar", ar)):
-        if 8 in x and 1 in x:
-            out[f"{name}_p50_c8_over_c1"] = {"value": x[8]["p50_s"] / x[1]["p50_s"], "goal": 2.0,
-                                             "lower_is_better": True}
+        if base != name and (g := ratio(summary, name, base, 8, 1.3)):
+            out[f"{name}_c8_over_{base}_c8"] = g
+    for name in ("sd", "ar"):
+        if 8 in summary[name] and 1 in summary[name]:
+            out[f"{name}_p50_c8_over_c1"] = {
+                "value": summary[name][8]["p50_s"] / summary[name][1]["p50_s"], "goal": 2.0,
+                "lower_is_better": True}
     for peer in peers:
         for name, goal in (("sd", 1.0), ("ar", 0.9)):
             for c in (1, 8):
-                if c in summary[name] and c in summary.get(peer, {}):
-                    out[f"{name}_c{c}_over_{peer}_c{c}"] = {
-                        "value": summary[name][c]["tokens_per_s"] / summary[peer][c]["tokens_per_s"],
-                        "goal": goal}
-    if 1 in sd and 1 in summary.get("sd_engine", {}):
-        out["sd_served_c1_over_engine"] = {
-            "value": sd[1]["tokens_per_s"] / summary["sd_engine"][1]["tokens_per_s"], "goal": 0.9}
+                if g := ratio(summary, name, peer, c, goal):
+                    out[f"{name}_c{c}_over_{peer}_c{c}"] = g
+    if g := ratio(summary, "sd", "sd_engine", 1, 0.9):
+        out["sd_served_c1_over_engine"] = g
     for g in out.values():
-        better = g["value"] <= g["goal"] if g.get("lower_is_better") else g["value"] >= g["goal"]
-        g["met"] = bool(better)
+        g["met"] = bool(g["value"] <= g["goal"] if g.get("lower_is_better")
+                        else g["value"] >= g["goal"])
     return out
 
 
@@ -397,54 +365,29 @@ def markdown(result: dict) -> str:
                     f"{chk['same_as_sequential']} | {chk['same_as_ar']} ({chk['reference']})")
             lines.append(f"| {method} | {c} | {v['tokens_per_s']:.2f} | {v['p50_s']:.2f} | "
                          f"{v['p95_s']:.2f} | {batch} | {split} | {same} |")
-    peers = [f"`{name}`: {how}" for name, how in meta.get("peers", {}).items()]
-    if peers:
+    if peers := [f"`{name}`: {how}" for name, how in meta.get("peers", {}).items()]:
         lines += ["", "Peers (external servers, their own numerics: outputs not compared): "
                   + "; ".join(peers) + "."]
     return "\n".join([*lines, "", *goal_rows(result["goals"])]) + "\n"
 
 
-def plot(summary: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4)
-    for method, levels in summary.items():
-        cs = sorted(levels)
-        if len(cs) < 2:
-            continue
-        colour = next(colours)  # one per method, in both panels
-        left.plot(cs, [levels[c]["tokens_per_s"] for c in cs], marker="o", color=colour,
-                  label=method)
-        for k, style in (("p50", {"marker": "o"}), ("p95", {"linestyle": "--"})):
-            right.plot(cs, [levels[c][f"{k}_s"] for c in cs], color=colour,
-                       label=f"{method} {k}", **style)
-    for ax, label in ((left, "aggregate tokens/s"), (right, "per-request latency (s)")):
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="concurrent clients", ylabel=label)
-        ax.legend()
-    fig.suptitle("Served throughput and latency against concurrency")
-    fig.tight_layout()
-    fig.savefig(out / "concurrency.png", dpi=120)
+def loop_arguments(ap: argparse.ArgumentParser, repeats: int) -> None:
+    """The closed loop's shape: this harness's, and ``bench.ceiling``'s, which prices it."""
+    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=repeats)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/serve/local.yaml")
-    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    loop_arguments(ap, repeats=2)
     ap.add_argument("--prompts-file", help="a JSON list of prompt strings, in place of HumanEval's")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--unbatched", action="store_true")
     ap.add_argument("--engine", action="store_true",
-                    help="also run the SD app's engine in this process, one prompt at a time "
-                         "(sd_engine: the served path at concurrency 1 against it)")
+                    help="also run the SD app's engine in this process, one prompt at a time")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
-                    help="one more SD app: the default with these args changed")
+                    help="one more app: the default with these args changed")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
                     help="an external OpenAI-compatible server already running at URL, as an arm")
     ap.add_argument("--llama-server", metavar="PATH",
@@ -465,7 +408,6 @@ def main(argv=None) -> None:
         ap.error(str(e))
     if set(peers) & {*variants, "llama_server"}:
         ap.error(f"--peer: a name is taken by a variant or llama_server: {sorted(peers)}")
-    apps = method_args(sd, a.unbatched, variants)
     llama = None
     if a.llama_server:
         threads = sd.get("target_resources", {}).get("threads") or os.cpu_count()
@@ -473,7 +415,7 @@ def main(argv=None) -> None:
                             Path(a.out) / "llama-server.log")
         peers["llama_server"] = llama.url
     try:
-        run(a, argv, prompts, sd, apps, variants, peers, llama)
+        run(a, argv, prompts, sd, method_args(sd, variants), variants, peers, llama)
     finally:
         if llama is not None:
             llama.close()
@@ -481,27 +423,31 @@ def main(argv=None) -> None:
 
 def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: dict,
         peers: dict[str, str], llama: LlamaServer | None) -> None:
+    from bench.plots import concurrency, save
+
     url = start(apps, a.port)
     model = sd.get("model_id") or sd["target"]
     urls = {name: f"{url}/{name}" for name in apps} | peers
-    models = {name: model for name in apps} | {name: served_model(u) for name, u in peers.items()}
+    models = {name: model for name in apps} | {  # a peer's: the first of its GET /v1/models
+        name: requests.get(f"{u}/v1/models", timeout=30).json()["data"][0]["id"]
+        for name, u in peers.items()}
     for name in urls:  # warm-up
         complete(urls[name], models[name], prompts[0], 8)
     engine = InProcess(apps["sd"]) if a.engine else None
     if engine is not None:
         engine.complete(prompts[0], 8)
-    top = max(a.concurrency)
     methods = [*apps, *peers, *(["sd_engine"] if engine else [])]
     plan = [(c, m) for r in range(a.repeats) for c in a.concurrency for m in rotated(methods, r)
-            if (m != "ar_unbatched" or c == top) and (m != "sd_engine" or c == 1)]
+            if m != "sd_engine" or c == 1]
     runs: dict[tuple[str, int], list[dict]] = {}
     for c, m in tqdm(plan, desc="levels"):
         runs.setdefault((m, c), []).append(
-            run_in_process(engine, prompts, a.max_tokens) if m == "sd_engine" else
+            engine.level(prompts, a.max_tokens) if m == "sd_engine" else
             run_level(urls[m], models[m], prompts, a.max_tokens, c, peer=m in peers))
     refs = references(apps)
     result = summarise(runs, refs, peers)  # summary: method -> concurrency ("c" in JSON) -> ...
-    result["goals"] = goals(result["summary"], refs, peers)
+    plain = [n for n, args in apps.items() if args.get("drafter") == "none"]
+    result["goals"] = goals(result["summary"], refs, peers, plain)
     result["meta"] = {
         "date": now("%Y-%m-%d"), "command": command("bench.batching", argv),
         "machine": machine_line(),
@@ -513,7 +459,7 @@ def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: 
                       for (m, c), rs in runs.items() for r in rs]
     md = markdown(result)
     write(Path(a.out), "result", result, md)
-    plot(result["summary"], Path(a.out))
+    save(concurrency(result["summary"]), Path(a.out) / "concurrency.png", dpi=120)
     print(md)
 
 

@@ -1,26 +1,19 @@
 """What the target's passes allow the served harness's plain AR: its aggregate tokens/s and p50
-latency at ``c`` clients against one client, if serving cost nothing but the passes.
+latency at ``c`` clients against one, if serving cost nothing but the passes. Not a measurement
+of serving (no HTTP, Ray, scheduling or sampling; every step full): read its ratios, not its
+tokens/s, against a served run's.
 
-It times the target's passes as the served default runs them (``load_target`` with the served
-numerics, 2 threads) on the passes timer, and prices ``bench.batching``'s closed loop with them:
-
-- ``decode(c)``: a pass of ``c`` requests x 1 new token after ``CONTEXT`` cached ones;
-- ``joined(P, c)``: a pass feeding a ``P``-token prompt whole beside ``c - 1`` decodes (a new
-  request's prefill joins the running ones' step, as the scheduler runs it).
-
-Each request makes ``T`` tokens (its prefill the first, ``T - 1`` decodes the rest); at ``c``
+On the passes timer (``bench.passes``), as served (``load_target``'s served numerics, 2 threads):
+``decode(c)``, a pass of ``c`` requests x 1 token after ``CONTEXT`` cached ones, and
+``joined(P, c)``, a ``P``-token prefill beside ``c - 1`` decodes (a new request joins the running
+ones' step). With ``n`` prompts of ``T`` tokens each (the prefill makes the first), at ``c``
 clients every prefill runs in a joined step and the other decodes in full steps of ``c``:
 
     time(c) = sum_i joined(P_i, c) + (n (T - 1) - n (c - 1)) / c * decode(c)
-
-with ``n`` prompts; the aggregate ratio is ``time(1) / time(c)``. A request's latency at ``c``:
-its own joined step, ``T - 1`` decodes, and one other client's prefill joining its steps for
-each of the ``c - 1`` others, with ``P`` the median prompt:
-
     latency(c) = joined(P, c) + (T - 1) decode(c) + (c - 1) (joined(P, c) - decode(c))
 
-An idealised loop (no HTTP, Ray, scheduling or sampling; every step full): read its ratios, not
-its tokens/s, against a served run's, since the machine's speed drifts between runs.
+(a request's latency: its own joined step, its decodes, and each other client's prefill joining
+one of its steps; ``P`` the median prompt). The aggregate ratio is ``time(1) / time(c)``.
 
     python -m bench.ceiling --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --out DIR
 """
@@ -35,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bench import humaneval
-from bench.batching import goals
+from bench.batching import goals, loop_arguments
 from bench.passes import Passes, interleaved
 from bench.report import command, goal_rows, machine_line, now, write
 
@@ -44,27 +37,24 @@ CONTEXT = 160  # cached tokens of each running request (a 100-token prompt and 6
 
 def aggregate_time(prompts: list[int], tokens: int, c: int, decode: float,
                    joined: dict[int, float]) -> float:
-    """Seconds (or ms: the unit of the costs) the closed loop of ``c`` clients takes for every
-    prompt (token counts), ``tokens`` new tokens each, at these pass costs (module docstring)."""
+    """``time(c)`` in the unit of the costs; ``prompts``: token counts."""
     n = len(prompts)
     decodes = n * (tokens - 1) - n * (c - 1)
     return sum(joined[p] for p in prompts) + max(decodes, 0) / c * decode
 
 
 def latency(prompt: int, tokens: int, c: int, decode: float, joined: float) -> float:
-    """One request's latency at ``c`` clients at these pass costs (module docstring)."""
+    """``latency(c)`` in the unit of the costs."""
     return joined + (tokens - 1) * decode + (c - 1) * (joined - decode)
 
 
 def median_prompt(prompts: list[int]) -> int:
-    """The prompt (token count) whose request's latency stands for the p50."""
-    return sorted(prompts)[len(prompts) // 2]
+    return sorted(prompts)[len(prompts) // 2]  # its request's latency stands for the p50
 
 
 def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[int, float],
              joined: dict[int, dict[int, float]]) -> dict:
-    """Per level, the priced time, aggregate tokens/s and p50 latency; and the served goals for
-    plain AR on them, as ``bench.batching.goals`` reads a served run's."""
+    """Per level the priced time, tokens/s and p50; the served goals of plain AR on them."""
     median = median_prompt(prompts)
     out = {}
     for c in levels:
@@ -76,9 +66,7 @@ def ceilings(prompts: list[int], tokens: int, levels: list[int], decode: dict[in
 
 
 def measure(target, levels: list[int], lengths: list[int], repeats: int) -> tuple[dict, dict]:
-    """decode[c] and joined[c][P] in ms on ``target`` as served: every pass in turn
-    (``bench.passes``), ``repeats`` times after a warm-up round, so the machine's drift falls
-    on all alike; the medians."""
+    """decode[c] and joined[c][P] in ms: every pass in turn, the medians of ``repeats``."""
     passes = Passes(target, max(levels), CONTEXT)
     arms = {("decode", c, 0): partial(passes.time, [1] * c) for c in levels}
     arms |= {("joined", c, p): partial(passes.time, [1] * (c - 1), p)
@@ -109,10 +97,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=5)
+    loop_arguments(ap, repeats=5)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if 1 not in args.concurrency:

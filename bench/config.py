@@ -1,12 +1,10 @@
 """The engine harness's config and its checks: everything is checked before any model loads.
 
-``BenchmarkConfig`` is the strict schema of ``configs/bench/*.yaml``; ``check`` turns a config
-into a ``Plan``: local model paths, the methods that will run and those that will not (with the
-reason, "not measured: missing ..."), the prompts, and PACER's settings and ASD's controls (g, M),
-the evaluate sweep's ``pacer_defaults.json`` picks (tuned on the dev split) winning when named. A
-missing file, a checkpoint of the wrong kind, an unknown method or too few prompts fail here with
-the config key named. Prompts come from the corpus's ``benchmark`` split only (never training
-data): HumanEval, the first N problems by task number; ShareGPT, a seeded choice.
+``BenchmarkConfig`` is the strict schema of ``configs/bench/*.yaml``; ``check`` turns one into a
+``Plan``: local model paths, the methods that run and those that do not (with the reason), the
+prompts (the corpus's ``benchmark`` split only: the first HumanEval problems by task number and a
+seeded choice of ShareGPT ones), PACER's and ASD's settings (the evaluate sweep's
+``pacer_defaults.json`` picks win when named). Bad input fails here, naming the config key.
 """
 
 from __future__ import annotations
@@ -104,9 +102,6 @@ class BenchmarkConfig(Strict):
     ablation_growth: float = Field(1.1, gt=1)
     asd: AsdSettings = AsdSettings()
     humaneval_timeout_s: float = Field(5.0, gt=0)
-    # which goals the report checks: PACER on the block drafter's, or the served default's (the
-    # fastest lossless method measured)
-    goals: Literal["pacer", "default"] = "pacer"
     out_dir: str = "docs/benchmarks/engine"
     quick_out_dir: str = "docs/benchmarks/engine-quick"
     progress: bool = True

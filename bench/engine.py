@@ -2,15 +2,13 @@
 
     python -m bench.engine --config configs/bench/default.yaml [--quick] [--set KEY=VALUE]
 
-Every method on the same prompts (``bench.config``: a HumanEval subset and held-out ShareGPT
-chat prompts from the corpus's ``benchmark`` split), in this process, sequentially (no Ray:
-timing must not share cores), interleaved per prompt; a method whose optional model is not
-configured is reported as not measured, never estimated. Numbers and their definitions:
-``bench.metrics``. Outputs in ``out_dir``: ``results.json``, ``results.md`` and PNG plots, also
-logged as the artifacts of one MLflow run. ``--quick`` runs 3 HumanEval + 2 ShareGPT prompts,
-once, at most 64 new tokens, into ``quick_out_dir``. Every timed call is journaled to
-``out_dir/records.jsonl`` as it completes (``bench.journal``): rerunning the same command after
-an interruption continues where it stopped. Bad input fails before any model loads.
+Every method on the same prompts (``bench.config``), in this process, one call at a time (no
+Ray: timing must not share cores), interleaved per prompt; a method whose optional model is not
+configured is reported as not measured, never estimated. Writes ``results.json``, ``results.md``
+and plots to ``out_dir`` (also one MLflow run's artifacts); ``--quick``: 3 HumanEval + 2 ShareGPT
+prompts, once, at most 64 new tokens, into ``quick_out_dir``. Every timed call is journaled as it
+completes (``bench.journal``): the same command after an interruption continues where it
+stopped, and over a finished journal it only scores and reports it again.
 """
 
 from __future__ import annotations
@@ -28,18 +26,16 @@ from pipelines.common.tracking import git_state
 __all__ = ["BenchmarkConfig", "check", "main", "run"]
 
 
-# ---- the run --------------------------------------------------------------------------------
 def measure_all(cfg: BenchmarkConfig, plan: Plan):
-    """Load the models, warm every method up, measure; then score HumanEval replies."""
+    """Load the models, warm every method up, measure; then score the replies."""
     import torch
 
     from bench import methods as bm
-    from bench.drift import mean_log_likelihood
-    from bench.metrics import pass_at_1, summarise
+    from bench.metrics import mean_log_likelihood, pass_at_1, summarise
 
     torch.set_num_threads(cfg.torch_threads)
-    engines = {m.engine for m in plan.methods if m.engine}
-    models = bm.load_models(plan.refs, engines, cfg.dtype, cfg.device)
+    models = bm.load_models(plan.refs, {m.engine for m in plan.methods if m.engine}, cfg.dtype,
+                            cfg.device)
     run = bm.runners(plan.methods, models, plan.prompts, cfg.max_new_tokens, cfg.warm_outputs)
     for runner in run.values():  # one untimed call each
         runner(plan.prompts[0].ids, cfg.warmup_tokens)
@@ -69,12 +65,10 @@ def approximations(plan: Plan) -> dict[str, str]:
 
 def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
                 default: str | None) -> dict[str, list[dict]]:
-    """The research claims and the goals (``cfg.goals``; ``default``: the fastest lossless
-    method), evaluated on this run's summary."""
-    from bench.metrics import claims, default_goals, dtype_claims, evaluate, goals
+    """The research claims, and the goals of ``default`` (the fastest lossless method) against
+    the plain decoding of its own dtype, evaluated on this run's summary."""
+    from bench.metrics import claims, default_goals, dtype_claims, evaluate
 
-    asd = approximations(plan)
-    fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
     # D-PACE's side of the loss comparison: the fixed window that drafts as many tokens per
     # round as dflash_fixed does (B - 1, the engine caps longer windows at that)
     gamma = min(plan.block, plan.dflash_block or plan.block) - 1
@@ -84,12 +78,10 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
     if dpace is None:
         missing.setdefault("dflash_fixed",
                            f"not measured: no fixed window drafts {gamma} tokens per round")
-    # the default is held to the plain decoding it must reproduce (its own dtype's)
     reference = next((m.reference for m in plan.methods if m.name == default), "ar")
-    made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
-            + dtype_claims(),
-            "goals": default_goals(default, reference) if cfg.goals == "default"
-            else goals(asd, fixed, dpace)}
+    fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
+    made = {"claims": claims(approximations(plan), fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
+            + dtype_claims(), "goals": default_goals(default, reference)}
     return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
             for kind, cs in made.items()}
 
@@ -102,13 +94,12 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
 
     meta = {"date": report.now(), "command": command, "quick": quick,
             "machine": report.machine(cfg.device), "git": git_state(),
-            "target": cfg.target, "dtype": cfg.dtype, "drafter": cfg.drafter,
-            "preverifier": cfg.preverifier, "drafter_dflash": cfg.drafter_dflash,
-            "preverifier_no_position": cfg.preverifier_no_position, "prompts": cfg.prompts,
-            "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "seed": cfg.seed,
-            "pacer": plan.pacer.model_dump(), "pacer_defaults": cfg.pacer_defaults,
-            "asd": plan.asd.model_dump(), "drafter_block_size": plan.block,
-            "peak_rss_reset": reset_peak_rss()}
+            **{k: getattr(cfg, k) for k in ("target", "dtype", "drafter", "preverifier",
+                                            "drafter_dflash", "preverifier_no_position",
+                                            "prompts", "max_new_tokens", "repeats", "seed",
+                                            "pacer_defaults")},
+            "pacer": plan.pacer.model_dump(), "asd": plan.asd.model_dump(),
+            "drafter_block_size": plan.block, "peak_rss_reset": reset_peak_rss()}
     methods = {m.name: {"runs": ENGINE_DRAFTERS.get(m.engine, "HF transformers generate"),
                         "settings": m.settings, "strict": m.strict, "note": m.note}
                for m in plan.methods}
@@ -118,23 +109,8 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
     default = fastest_lossless(summary, [m.name for m in plan.methods
                                          if m.strict and m.engine not in (None, "plain")])
     return {"meta": meta, "methods": methods, "not_measured": plan.missing,
-            "fastest_lossless": default, "goal_set": cfg.goals,
-            "workloads": workloads, **comparisons(cfg, plan, summary, default)}
-
-
-def write_outputs(results: dict, asd_methods: dict[str, str], out_dir: Path) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    from bench.plots import figures
-    from bench.report import markdown, write
-
-    paths = write(out_dir, "results", results, markdown(results))
-    summary = {w: x["methods"] for w, x in results["workloads"].items()}
-    for stem, fig in figures(summary, asd_methods).items():
-        paths.append(out_dir / f"{stem}.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
+            "fastest_lossless": default, "workloads": workloads,
+            **comparisons(cfg, plan, summary, default)}
 
 
 def log_run(cfg: BenchmarkConfig, results: dict, paths: list[Path], quick: bool) -> None:
@@ -154,15 +130,23 @@ def log_run(cfg: BenchmarkConfig, results: dict, paths: list[Path], quick: bool)
 
 
 def run(cfg: BenchmarkConfig, command: str = "", quick: bool = False) -> dict:
+    from bench.plots import engine_figures, save
+    from bench.report import markdown, write
+
     plan = check(cfg)
-    summary = measure_all(cfg, plan)
-    results = results_dict(cfg, plan, summary, command, quick)
-    paths = write_outputs(results, approximations(plan), Path(cfg.out_dir))
+    results = results_dict(cfg, plan, measure_all(cfg, plan), command, quick)
+    out = Path(cfg.out_dir)
+    paths = write(out, "results", results, markdown(results))
+    summary = {w: x["methods"] for w, x in results["workloads"].items()}
+    paths += [save(fig, out / f"{stem}.png")
+              for stem, fig in engine_figures(summary, approximations(plan)).items()]
     log_run(cfg, results, paths, quick)
     return results
 
 
 def main(argv=None) -> None:
+    from bench.report import command
+
     ap = argparse.ArgumentParser(description="Engine benchmark: every method on the same prompts.")
     ap.add_argument("--config", required=True, help="YAML file (configs/bench/default.yaml)")
     ap.add_argument("--quick", action="store_true",
@@ -171,10 +155,7 @@ def main(argv=None) -> None:
                     help="override a config key (dotted; YAML value), e.g. --set repeats=1")
     args = ap.parse_args(argv)
     cfg = load_config(BenchmarkConfig, args.config, args.set)
-    if args.quick:
-        cfg = cfg.quick()
-    from bench.report import command
-
+    cfg = cfg.quick() if args.quick else cfg
     results = run(cfg, command("bench.engine", argv), args.quick)
     for w, x in results["workloads"].items():
         for name, m in x["methods"].items():

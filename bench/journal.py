@@ -1,12 +1,7 @@
-"""The engine benchmark's journal: every timed call appended to a JSONL file as it completes, so
-a run interrupted (a session's end, a crash) continues where it stopped.
-
-The first line is a header holding a fingerprint of everything that decides the numbers (the
-config without its output and display fields, the prompt ids, and the inputs behind the config's
-paths: each method's settings, so the sweep's picks, and the contents of the model directories,
-so a retrained pair at the same path starts a new journal). A journal whose fingerprint
-differs from the run's is set aside (renamed ``*.stale``), never mixed in. Records keep the
-engine's ``RequestStats`` as a plain dict.
+"""The engine harness's journal: each timed call appended to a JSONL file as it completes, so
+an interrupted run continues where it stopped. Its header is a fingerprint of what decides the
+numbers (the config but its output and display fields, the prompt ids, each method's settings and
+the model directories' contents); a journal of another fingerprint is set aside (``*.stale``).
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from bench.methods import Record
 from specdec.engine.stats import RequestStats
 from specdec.models.sources import content_hash
 
-IGNORED = {"out_dir", "quick_out_dir", "progress", "mlflow", "goals"}  # do not change the numbers
+IGNORED = {"out_dir", "quick_out_dir", "progress", "mlflow"}  # do not change the numbers
 
 
 def fingerprint(config: dict, prompt_ids: list[str], inputs: dict | None = None) -> str:
@@ -32,8 +27,7 @@ def fingerprint(config: dict, prompt_ids: list[str], inputs: dict | None = None)
 
 
 def inputs(methods: list, refs: dict[str, str | None]) -> dict:
-    """What a config's paths stand for: each method's settings and each local model
-    directory's content hash (named models are identified by their name)."""
+    """What a config's paths stand for: method settings, local model directories' hashes."""
     models = {k: content_hash(Path(v)) if v and Path(v).is_dir() else v for k, v in refs.items()}
     return {"methods": {m.name: m.settings for m in methods}, "models": models}
 
@@ -76,12 +70,9 @@ class Journal:
                     self.done[(r.repeat, r.prompt, r.method)] = r
             else:
                 self.path.rename(self.path.with_suffix(".stale"))
-        if not self.done:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"fingerprint": key}) + "\n")
-        else:  # drop a cut last line, if any, by rewriting what was read
-            self.path.write_text(json.dumps({"fingerprint": key}) + "\n"
-                                 + "".join(to_line(r) for r in self.done.values()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # rewritten: a cut last line goes
+        self.path.write_text(json.dumps({"fingerprint": key}) + "\n"
+                             + "".join(to_line(r) for r in self.done.values()))
 
     def get(self, repeat: int, prompt: str, method: str) -> Record | None:
         return self.done.get((repeat, prompt, method))

@@ -1,12 +1,10 @@
 """The engine harness's methods, the models behind them, and the interleaved measurement.
 
-A ``Method`` is a name and a recipe: our engine (an ``Engine``: a target and a drafter side) with
-``SpecSettings`` fields, or HF ``model.generate`` with generation settings. Every model loads
-once: engines share drafters and the one HF target (``TargetModel`` wrappers differ only in the
-layers they tap). ``measure`` runs one generation at a time: per repeat, per prompt, every method,
-the order rotated from prompt to prompt so that machine drift hits every method alike; each call
-timed on the wall clock, the process's peak RSS reset before it and read after it (Linux
-``/proc``; None elsewhere), and saved to the journal (``bench.journal``), whose calls a rerun skips.
+A ``Method`` is a name and a recipe: our engine (a target and a drafter side, with
+``SpecSettings`` fields) or HF ``generate`` (with generation settings). Every model loads once;
+engines share drafters and the one HF target. ``measure`` runs one call at a time, the methods'
+order rotated from prompt to prompt so that drift hits every method alike; each call is timed on
+the wall clock with the process's peak RSS around it (Linux ``/proc``; None elsewhere).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ ENGINE_DRAFTERS = {
     "suffix_bf16": "the suffix drafter, offline index only, the target in bfloat16",
     "hybrid": "suffix (offline index only) or the block drafter's PACER draft, per round",
 }
-SUFFIX_ENGINES = {"suffix", "suffix_warm", "suffix_bf16", "hybrid"}
 BF16_ENGINES = {"plain_bf16", "suffix_bf16"}  # the target in bfloat16
 
 
@@ -59,9 +56,7 @@ class Prompt:
 
 
 @dataclass(frozen=True)
-class Record:
-    """One timed generation."""
-
+class Record:  # one timed generation
     method: str
     workload: str
     prompt: str
@@ -74,10 +69,8 @@ class Record:
 
 def method_table(cfg, p: PacerSettings, asd, drafter_block: int = 8,
                  dflash_block: int | None = None) -> list[Method]:
-    """Every method of ``cfg`` (a ``bench.config.BenchmarkConfig``), in report order, with PACER's
-    settings ``p`` and the ASD controls ``asd`` (``AsdSettings``). ``drafter_block`` is B of the
-    main block drafter, which drafts at most B - 1 tokens per pass (the engine caps any longer
-    window at that)."""
+    """Every method of ``cfg`` (a ``BenchmarkConfig``) in report order, with PACER's settings
+    ``p`` and the ASD controls ``asd``; the block drafter drafts at most B - 1 tokens a round."""
     lookup, gamma, first = cfg.prompt_lookup_tokens, cfg.ngram_gamma, cfg.heuristic_initial
     knobs, budgets = asd.knobs(), asd.budgets
     cap, dflash = drafter_block - 1, (dflash_block or drafter_block) - 1
@@ -98,7 +91,6 @@ def method_table(cfg, p: PacerSettings, asd, drafter_block: int = 8,
     methods += [
         Method("heuristic", "main", heuristic, note=f"HF's schedule from {first}"),
         Method("pacer", "main", pacer(p), note=pacer_note(p)),
-        *asd_methods("pacer", "main", pacer(p), knobs, budgets),
         Method("pacer_no_position", "no_position", pacer(p), needs="preverifier_no_position",
                note="PACER, pre-verifier without position embedding"),
         Method("pacer_rho_ablation", "main", pacer(rho),
@@ -162,10 +154,8 @@ class Models:
 
 def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
                 device: str) -> Models:
-    """Load each model once and build the engines in ``engines``. refs: target, drafter,
-    preverifier, drafter_dflash, preverifier_no_position, suffix_index (local paths, or None if
-    absent). The suffix drafters are cold (the offline index only); the warm one gets the other
-    prompts' outputs per call (``warm_runner``)."""
+    """Each model loaded once, the ``engines`` built (``refs``: local paths, None if absent).
+    The suffix drafters are cold (the offline index); ``warm_runner`` warms one per call."""
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_drafter, load_preverifier, target_taps
     from specdec.models.hybrid import HybridDrafter
@@ -305,12 +295,9 @@ def reset_peak_rss() -> bool:
 def peak_rss_mb() -> float | None:
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
 
 
 # ---- the measurement ------------------------------------------------------------------------

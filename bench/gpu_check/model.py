@@ -1,22 +1,13 @@
 """Stage (b) of the GPU check: the served target, plain AR against the served default SD.
 
-The target is the named source ``smollm2-135m``, built from its GGUF on the machine (the build is
-timed), or the tiny target with ``--tiny``. The SD is what ``make serve`` serves from the serve
-config (``configs/serve/local.yaml``): its ``default_drafter`` over its ``default_pair``
-directory, read from the local files as ``cluster.default_pair.serve_args`` would read them from
-the registry (suffix and hybrid: ``suffix_args``; block: the block drafter with PACER), with the
-target's ``attention`` / ``linears`` / ``kv_cache_dtype`` as served. With ``--tiny`` the suffix
-drafter runs without an index (the committed one is SmolLM2's vocabulary).
-
-For each dtype (float32, bfloat16), one target serves both engines; after a warm-up on a prompt
-outside the set, every benchmark prompt is decoded greedily by plain AR and by SD, the order
-alternating from prompt to prompt. Reported: median tokens/s of each, their ratio, the mean
-accepted length, how many SD outputs equal plain decoding's, and for each that does not, the
-first differing position and the target's logit margin there (top1 - top2 of a full HF forward
-of the prompt and plain decoding's tokens before it): a small margin says the two paths' rounding
-chose between near-tied tokens.
-
-What it is not: a served (HTTP, Ray) measurement, or a benchmark of record.
+The target is the named source built from its GGUF (timed), or the tiny target with ``--tiny``
+(the suffix drafter then runs without an index: the committed one is SmolLM2's vocabulary). The
+SD is what ``make serve`` serves from the serve config, read from the local files as
+``cluster.default_pair.serve_args`` reads them from the registry. Per dtype, after a warm-up,
+plain AR and SD decode each benchmark prompt in alternating order: their tokens/s, the accepted
+length, and where an SD output differs from plain decoding's, the first differing position and
+the target's logit margin (top1 - top2) there: a small margin says rounding chose between
+near-tied tokens. Not a served (HTTP, Ray) measurement.
 """
 
 from __future__ import annotations
@@ -33,7 +24,6 @@ from bench.gpu_check import prompts
 from bench.gpu_check.report import Context
 from bench.gpu_check.tiny import plan_of
 
-# passed to the target as served
 SERVED_KNOBS = ("attention", "linears", "kv_cache_dtype", "backend", "max_model_len")
 
 
@@ -42,6 +32,7 @@ def served(ctx: Context) -> dict:
     import yaml
 
     from cluster.default_pair import PACER_FALLBACK, suffix_args
+    from specdec.engine.loading import load_target
 
     config = yaml.safe_load(Path(ctx.args.serve_config).read_text())
     args = config["applications"][0]["args"]
@@ -51,24 +42,14 @@ def served(ctx: Context) -> dict:
             **(json.loads(pacer_file.read_text()) if pacer_file.is_file() else PACER_FALLBACK)}
     refs = {"drafter": str(pair / "drafter"), "preverifier": str(pair / "preverifier"),
             "suffix-index": None if ctx.args.tiny else str(pair / "suffix-index")}
-    if kind == "block":
-        out = {**args, "drafter": refs["drafter"], "preverifier": refs["preverifier"],
-               "speculative": spec}
-    else:
-        out = suffix_args(args, refs, spec, kind, uri="(local files)")
-    knobs = set(inspect.signature(load_target_fn()).parameters)
-    chosen = {"drafter": out["drafter"], "block_drafter": out.get("block_drafter"),
-              "preverifier": out.get("preverifier"), "suffix": out.get("suffix"),
-              "speculative": out["speculative"],
-              "target_knobs": {k: args[k] for k in SERVED_KNOBS if k in args and k in knobs}}
-    ctx.keep["served"] = chosen
+    out = ({**args, **{k: refs[k] for k in ("drafter", "preverifier")}, "speculative": spec}
+           if kind == "block" else suffix_args(args, refs, spec, kind, uri="(local files)"))
+    knobs = set(inspect.signature(load_target).parameters)
+    ctx.keep["served"] = chosen = {
+        **{k: out.get(k) for k in ("drafter", "block_drafter", "preverifier", "suffix")},
+        "speculative": out["speculative"],
+        "target_knobs": {k: args[k] for k in SERVED_KNOBS if k in args and k in knobs}}
     return {"config": ctx.args.serve_config, "default_drafter": kind, **chosen}
-
-
-def load_target_fn():
-    from specdec.engine.loading import load_target
-
-    return load_target
 
 
 def build(ctx: Context) -> dict:
@@ -79,20 +60,19 @@ def build(ctx: Context) -> dict:
         raise RuntimeError("--tiny: the tiny target comes from stage tiny.build, which did not run")
     ref = ctx.keep["tiny"]["target"] if ctx.args.tiny else ctx.args.target
     start = time.monotonic()
-    path = resolve(ref)
-    ctx.keep["target"] = path
+    ctx.keep["target"] = path = resolve(ref)
     return {"ref": ref, "path": path, "build_s": round(time.monotonic() - start, 1)}
 
 
 def engines(ctx: Context, dtype: str):
     """-> (target, plain engine, SD engine) of the served default in ``dtype``."""
     from specdec.engine.engine import Engine
-    from specdec.engine.loading import load_drafter, load_preverifier
+    from specdec.engine.loading import load_drafter, load_preverifier, load_target
     from specdec.models.suffix import SuffixConfig
 
     s = ctx.keep["served"]
-    target = load_target_fn()(ctx.keep["target"], s["drafter"], dtype, ctx.args.device,
-                              block_drafter=s["block_drafter"], **s["target_knobs"])
+    target = load_target(ctx.keep["target"], s["drafter"], dtype, ctx.args.device,
+                         block_drafter=s["block_drafter"], **s["target_knobs"])
     suffix = SuffixConfig(**s["suffix"]) if s["suffix"] else None
     drafter = load_drafter(s["drafter"], target, dtype, suffix, s["block_drafter"],
                            s["preverifier"])
@@ -111,51 +91,35 @@ def logit_margin(model, ids: list[int]) -> dict:
 
 
 def decode(ctx: Context, dtype: str) -> dict:
-    from specdec.engine.settings import GenerationParams, SpecSettings
+    from bench.methods import Method, Prompt, engine_runner, measure
 
-    target, plain, sd = engines(ctx, dtype)
-    sets = prompts.load(ctx.args.prompts)
-    bench = prompts.token_ids(target.tokenizer, sets["benchmark"])[: ctx.args.benchmark_prompts]
-    spec = dict(ctx.keep["served"]["speculative"])
-    params = {"ar": GenerationParams(max_new_tokens=ctx.args.max_new_tokens),
-              "sd": GenerationParams(max_new_tokens=ctx.args.max_new_tokens,
-                                     spec=SpecSettings(spec.pop("policy", "fixed"), **spec))}
-    runs = {"ar": plain, "sd": sd}
+    a, (target, plain, sd) = ctx.args, engines(ctx, dtype)
+    sets = prompts.load(a.prompts)
+    bench = [Prompt(str(i), "benchmark", ids) for i, ids in enumerate(
+        prompts.token_ids(target.tokenizer, sets["benchmark"])[: a.benchmark_prompts])]
+    run = {"ar": engine_runner(plain, {}),
+           "sd": engine_runner(sd, dict(ctx.keep["served"]["speculative"]))}
     warm = prompts.token_ids(target.tokenizer, sets["train"])[0]
-    for name in runs:  # kernels, allocator, cuBLAS handles
-        runs[name].generate(warm, params[name])
-    done: dict[str, list] = {"ar": [], "sd": []}
-    for i, ids in enumerate(bench):
-        for name in (("ar", "sd") if i % 2 == 0 else ("sd", "ar")):
-            if device_is_cuda(ctx):
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = runs[name].generate(ids, params[name])
-            done[name].append((out, time.perf_counter() - start))
-    speed = {n: statistics.median(len(o.token_ids) / s for o, s in done[n]) for n in done}
+    for runner in run.values():  # kernels, allocator, cuBLAS handles
+        runner(warm, a.max_new_tokens)
+    # the engine harness's timer: one call at a time, the order alternating from prompt to prompt
+    records = measure(bench, [Method("ar", "plain"), Method("sd", "served")], run,
+                      a.max_new_tokens, repeats=1, progress=False)
+    done = {n: [r for r in records if r.method == n] for n in run}
+    speed = {n: statistics.median(len(r.tokens) / r.seconds for r in rs) for n, rs in done.items()}
     differences = []
-    for i, (ids, (a, _), (b, _)) in enumerate(zip(bench, done["ar"], done["sd"], strict=True)):
-        if a.token_ids != b.token_ids:
-            at = first_difference(a.token_ids, b.token_ids)
-            differences.append({"prompt": i, "position": at,
-                                "plain": a.token_ids[at: at + 1], "sd": b.token_ids[at: at + 1],
-                                **logit_margin(target.model, ids + a.token_ids[:at])})
-    rounds = sum(o.stats.rounds for o, _ in done["sd"])
+    for p, x, y in zip(bench, done["ar"], done["sd"], strict=True):
+        if x.tokens != y.tokens:
+            at = next((j for j, (u, v) in enumerate(zip(x.tokens, y.tokens, strict=False))
+                       if u != v), min(len(x.tokens), len(y.tokens)))
+            differences.append({"prompt": int(p.id), "position": at, "plain": x.tokens[at: at + 1],
+                                "sd": y.tokens[at: at + 1],
+                                **logit_margin(target.model, p.ids + x.tokens[:at])})
+    rounds = sum(r.stats.rounds for r in done["sd"])
     return {"dtype": dtype, "device": str(target.device), "plan": plan_of(target),
-            "prompts": len(bench), "max_new_tokens": ctx.args.max_new_tokens,
+            "prompts": len(bench), "max_new_tokens": a.max_new_tokens,
             "ar_tokens_per_s": round(speed["ar"], 2), "sd_tokens_per_s": round(speed["sd"], 2),
             "sd_vs_ar": round(speed["sd"] / speed["ar"], 3),
-            "mean_accepted_length": round(sum(o.stats.committed for o, _ in done["sd"])
+            "mean_accepted_length": round(sum(r.stats.committed for r in done["sd"])
                                           / max(1, rounds), 3),
-            "equal": len(bench) - len(differences), "of": len(bench),
-            "differences": differences}
-
-
-def first_difference(a: list[int], b: list[int]) -> int:
-    """The first position where ``a`` and ``b`` differ (one may stop early: its length)."""
-    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))
-
-
-def device_is_cuda(ctx: Context) -> bool:
-    return torch.device(ctx.args.device).type == "cuda"
+            "equal": len(bench) - len(differences), "of": len(bench), "differences": differences}

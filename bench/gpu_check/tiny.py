@@ -1,18 +1,9 @@
-"""Stage (a) of the GPU check: the tiny random pair on the device.
-
-The tiny target, AR drafter and block drafter (``specdec.models.tiny``) are built from configs
-at run time, so nothing is carried. On the device it checks:
-
-- ``engine``: in float64 and float32, plain greedy against strict greedy SD (fixed window) and
-  ASD with budget 0 (which accepts only what strict accepts), token for token, and plain greedy
-  against a cache-free HF argmax loop; float64 must be exact (``passed``), float32 is recorded;
-- ``actors``: ``TargetActor`` and ``DrafterActor`` as plain objects (no Ray) driven through the
-  round program as the orchestrator drives them: the engine's tokens, all state freed;
-- ``train_drafter``: 20 steps of ``pipelines.train_drafter``'s loop (``setup``, ``one_step``);
-- ``train_preverifier``: simulated SD steps (``specdec.training.simulation``) packed and trained
-  20 steps with ``pipelines.train_preverifier.train_step``, then ``evaluate``.
-
-What it is not: a speed measurement (the models are far too small to time).
+"""Stage (a) of the GPU check: the tiny random pair (``specdec.models.tiny``, built from configs
+at run time: nothing carried) on the device. ``engine``: plain greedy against strict SD, ASD with
+budget 0 and a cache-free HF argmax loop, token for token, in float64 (must be exact) and
+float32 (recorded); ``actors``: the target and drafter actors without Ray, driven as the
+orchestrator drives them; ``train_drafter`` and ``train_preverifier``: a few steps of each
+pipeline's loop. Not a speed measurement: the models are far too small to time.
 """
 
 from __future__ import annotations
@@ -30,8 +21,7 @@ GAMMA = 4  # the strict and ASD draft window
 
 
 def plan_of(target) -> dict | None:
-    """The target's resolved plan (None: it runs on transformers, not the runtime)."""
-    return None if target.plan is None else target.plan.to_dict()
+    return None if target.plan is None else target.plan.to_dict()  # None: on transformers
 
 
 def build(ctx: Context) -> dict:

@@ -1,15 +1,9 @@
-"""Stage (c) of the GPU check: with the time left, a shortened drafter training on the device.
-
-- ``responses``: the target answers the train prompts greedily (HF ``generate``, batched, left
-  padded, float32) for at most a share of the time left; the answers become a corpus Parquet;
-- ``drafter``: ``pipelines.train_drafter.run_offline`` (one process, the GPU when there is one)
-  trains a fresh block drafter shaped like the committed one (block size, layers, taps, draft
-  vocabulary) on those responses, its step count fitted to the time left;
-- ``compare``: the trained drafter's and the committed drafter's mean accepted length (tokens
-  committed per round, fixed window of a whole block, strict greedy) on the benchmark prompts.
-
-What it is not: a training run of record. Minutes of training on a few hundred answers do not
-reach the committed drafter; the numbers say what a GPU minute buys.
+"""Stage (c) of the GPU check, with the time left: ``responses`` (the target answers the train
+prompts greedily, batched, for a share of the time left: a corpus), ``drafter``
+(``pipelines.train_drafter.run_offline`` trains a fresh drafter shaped like the committed one on
+them, its steps fitted to the time left) and ``compare`` (both drafters' mean accepted length,
+fixed window of a block, strict greedy, on the benchmark prompts). Not a training run of record:
+the numbers say what a GPU minute buys.
 """
 
 from __future__ import annotations
@@ -31,40 +25,25 @@ def committed_drafter(ctx: Context) -> str:
 
 
 def responses(ctx: Context) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The train prompts answered as ``pipelines.responses`` answers them on transformers."""
+    from pipelines.responses import generate_greedy
+    from specdec.models.target import TargetModel
 
     path, a = ctx.keep["target"], ctx.args
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(a.device).eval()
-    eos = tokenizer.eos_token_id
-    todo = prompts.token_ids(tokenizer, prompts.load(a.prompts)["train"])
+    target = TargetModel.from_pretrained(path, "float32", device=a.device, backend="transformers")
+    todo = prompts.token_ids(target.tokenizer, prompts.load(a.prompts)["train"])
     stop_at = time.monotonic() + a.response_share * ctx.left_s()
     rows, start = [], time.monotonic()
     for at in range(0, len(todo), a.response_batch):
         if time.monotonic() > stop_at:
             break
-        rows += answer(model, todo[at: at + a.response_batch], a.response_tokens, eos)
+        batch = todo[at: at + a.response_batch]
+        rows += zip(batch, generate_greedy(target, batch, a.response_tokens), strict=True)
     seconds = time.monotonic() - start
     made = sum(len(r) for _, r in rows)
     ctx.keep["corpus"] = corpus_file(ctx, path, rows, "responses.parquet")
     return {"responses": len(rows), "of": len(todo), "tokens": made,
             "seconds": round(seconds, 1), "tokens_per_s": round(made / max(seconds, 1e-9), 1)}
-
-
-def answer(model, batch: list[list[int]], max_new: int, eos: int):
-    """Greedy answers of a batch of prompts, left padded; each cut after its first EOS."""
-    width = max(len(p) for p in batch)
-    ids = torch.tensor([[eos] * (width - len(p)) + p for p in batch], device=model.device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch],
-                        device=model.device)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
-                             do_sample=False, pad_token_id=eos)
-    rows = []
-    for p, new in zip(batch, out[:, width:].tolist(), strict=True):
-        cut = new.index(eos) + 1 if eos in new else len(new)
-        rows.append((p, new[:cut]))
-    return rows
 
 
 def drafter(ctx: Context) -> dict:

@@ -89,11 +89,11 @@ def test_a_variant_is_the_default_with_some_args_changed():
 
     name, changes = parse_variant('sd_caps={"batching": {"draft_caps": {"8": 2}}}')
     sd = {"drafter": "suffix", "suffix": {"index": "x"}, "batching": {"max_batch": 32}}
-    apps = method_args(sd, False, {name: changes})
+    apps = method_args(sd, {name: changes})
     assert apps["sd_caps"]["batching"] == {"max_batch": 32, "draft_caps": {"8": 2}}
     assert apps["sd_caps"]["suffix"] == apps["sd"]["suffix"] == {"index": "x", "online": False}
     assert "draft_caps" not in apps["sd"]["batching"]
-    plain = method_args(sd, False, {"ar_bf16": {"drafter": "none", "dtype": "bfloat16"}})["ar_bf16"]
+    plain = method_args(sd, {"ar_bf16": {"drafter": "none", "dtype": "bfloat16"}})["ar_bf16"]
     assert plain == {"drafter": "none", "dtype": "bfloat16", "batching": {"max_batch": 32}}
     for bad in ("sd_caps", "sd_caps=[1]", "sd_caps={oops", 'sd={"x": 1}'):
         with pytest.raises(ValueError, match="--variant"):
@@ -135,6 +135,10 @@ def test_each_method_is_checked_against_plain_decoding_of_its_own_numerics():
     g = goals(summary, refs)
     assert g["sd_c8_over_ar_c8"]["value"] == 1.5 and g["sd_bf16_c8_over_ar_bf16_c8"]["value"] == 1.4
     assert not any(name.startswith("ar_bf16") for name in g)
+    # a plain variant of ar's own numerics (one request a step, say) is a reference, no goal
+    summary["ar_one"], refs["ar_one"] = {8: level(20)}, "ar"
+    assert "ar_one_c8_over_ar_c8" in goals(summary, refs)
+    assert "ar_one_c8_over_ar_c8" not in goals(summary, refs, plain=["ar_one"])
 
 
 def test_each_repeat_runs_the_methods_one_further_along():
