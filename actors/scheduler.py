@@ -244,27 +244,23 @@ class Verify(Work):
 
 
 @dataclass(eq=False)
-class Round(Work):
-    """One round of a request the target drafts itself: commit the previous round and draft
-    (as the step is planned, so the budget counts the draft's real length), then verify."""
+class Round(Verify):
+    """A verify whose draft the target makes itself: commit the previous round and draft as
+    the step is planned (so the budget counts the draft's real length), then verify."""
 
-    call: DraftCall
     draft: Draft | Exception | None = field(default=None, init=False)  # None: not drafted yet
+    call: DraftCall
 
     @property
     def cost(self) -> int:
-        return len(self.draft.tokens) + 1 if isinstance(self.draft, Draft) else 0
+        return super().cost if isinstance(self.draft, Draft) else 0
 
     def join(self, loop: TargetScheduler, step: Step, n: int) -> Exception | None:
-        if isinstance(self.draft, Exception):
-            return self.draft
-        if error := gone(self.rid, loop.worker.requests):
-            return error
-        step.drafts[self.rid] = self.draft
-        return None
+        return self.draft if isinstance(self.draft, Exception) else super().join(loop, step, n)
 
     def outcome(self, loop: TargetScheduler, step: Step):
-        return (self.draft, step.out.verified[self.rid]), loop.worker.room(self.rid)
+        result, room = super().outcome(loop, step)
+        return (self.draft, result), room
 
 
 # ---- the drafter's kinds of work -------------------------------------------------------------
@@ -306,7 +302,7 @@ class DraftRound(Work):
 
 class BatchLoop:
     """The queue, the gathering rule, closes and the scheduler thread; subclasses say what a
-    step does (``plan`` which items run and how far, ``execute`` them on the worker).
+    step is (``plan`` which items run and how far, ``run`` the worker's one call over them).
     ``build`` makes the worker; it runs on the scheduler thread (see *One model thread*), and
     the constructor returns once it has, raising what it raised."""
 
@@ -592,8 +588,9 @@ class TargetScheduler(BatchLoop):
 
     def _draft_rounds(self, queued: list[Work]) -> None:
         """Draft every queued ``Round`` not drafted yet with the drafter this target runs (its
-        ``draft``: the draft, or the error that fails it), before the step is planned. Called under ``cond``; it takes
-        ``model_lock`` (no thread holds that lock while it waits for ``cond``)."""
+        ``draft``: the draft, or the error that fails it), before the step is planned. Called
+        under ``cond``; it takes ``model_lock`` (no thread holds that lock while it waits for
+        ``cond``)."""
         calls = {w.rid: w for w in queued if isinstance(w, Round) and w.draft is None}
         if not calls:
             return
