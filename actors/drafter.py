@@ -91,3 +91,6 @@ class InProcess:
 
     def close(self, rid: str) -> None:
         self.actor.close(rid)
+
+    def close_all(self) -> None:
+        self.actor.close_all()

@@ -15,7 +15,8 @@ submitted the moment the last one is answered, and what it commits streams back 
 - in a drafter actor of its own (``drafter``: a client of a ``DrafterActor``; ``cluster.app``
   gives it one that makes Ray calls): this actor opens the request there and asks it for each
   round's draft, the previous round's commit sent with that call; the drafter actor is this
-  actor's callee, and a close here closes the request there too.
+  actor's callee, and a close here closes the request there too. A target that (re)starts
+  frees all the drafter actor holds: the requests of a lost target process cannot go on.
 
 Calls run concurrently (Ray gives the actor a thread per call in flight); each submits its
 work to the ``TargetScheduler``, which verifies every waiting request's draft (and prefills
@@ -125,6 +126,9 @@ class DrafterClient(Protocol):
     def close(self, rid: str) -> None:
         """Free the request on the drafter, without waiting."""
 
+    def close_all(self) -> None:
+        """Free every request on the drafter; returns once it has."""
+
 
 class TargetActor(RequestHost):
     def __init__(self, target_ref: str, drafter_ref: str = "none", dtype: str = "float32",
@@ -151,6 +155,8 @@ class TargetActor(RequestHost):
         self.worker = self.scheduler.worker
         self.leases = Leases(idle_ttl_s)
         self.drafter = drafter  # the drafter actor's client, or None
+        if drafter is not None:  # a restart: what the drafter holds was the lost process's
+            drafter.close_all()
 
     def info(self) -> TargetInfo:
         t = self.worker.target_model

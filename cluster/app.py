@@ -86,6 +86,9 @@ class RemoteDrafter:
     def close(self, rid: str) -> None:
         self.handle.close.remote(rid)
 
+    def close_all(self) -> None:
+        ray.get(self.handle.close_all.remote())
+
 
 def spawn_actors(args: ServeArgs):
     """Start the target actor and, for a drafter that runs in an actor of its own (see

@@ -107,6 +107,17 @@ def test_closing_a_request_ends_its_rounds_quietly(tiny_llama, placement):
     assert target.active() == [] and (drafter is None or drafter.active() == [])
 
 
+def test_a_restarted_target_frees_what_its_drafter_actor_held(tiny_llama):
+    """Ray restarts a crashed target by constructing it again: the requests of the lost process
+    cannot go on, so their state in the drafter actor is freed at once, not at the reaper's
+    next pass."""
+    drafter = DrafterActor("ngram", tiny_llama["target"], dtype="float64")
+    drafter.open("lost", [1, 2, 3], None, GenerationParams())
+    assert drafter.active() == ["lost"]
+    TargetActor(tiny_llama["target"], "ngram", "float64", drafter=InProcess(drafter))
+    assert drafter.active() == []
+
+
 def test_an_error_in_a_request_run_whole_reaches_the_caller(tiny_llama):
     from specdec.runtime import PoolFull
 
