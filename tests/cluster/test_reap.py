@@ -69,6 +69,7 @@ def test_reap_frees_an_orphan_of_the_drafter_actor_through_the_target(ray_cluste
     target = actor_class(TargetActor).options(**options).remote(
         tiny_llama["target"], "ngram", "float64", drafter=RemoteDrafter(drafter))
     try:
+        ray.get(target.info.remote())  # started: it frees what the drafter held before
         ray.get(drafter.open.remote("orphan", [1, 2, 3], None, GenerationParams()))
         orchestrator = Orchestrator(target, drafter)
         assert asyncio.run(orchestrator.reap()) == ["orphan"]
