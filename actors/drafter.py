@@ -73,24 +73,3 @@ class DrafterActor(RequestHost):
         return self._guarded(rid, lambda: self.scheduler.draft(rid, call).result().value)
 
 
-
-class InProcess:
-    """A ``DrafterActor`` as a target actor's drafter (``actors.target.DrafterClient``) in this
-    process: the calls ``cluster.app.RemoteDrafter`` makes over Ray, made directly (tools and
-    tests that run the actors as plain objects)."""
-
-    def __init__(self, actor: DrafterActor):
-        self.actor = actor
-
-    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
-        self.actor.open(rid, prompt_ids, features, params)
-
-    def draft(self, rid: str, limit: int, commit: Commit | None):
-        draft = self.actor.draft(rid, limit, commit)
-        return lambda: draft
-
-    def close(self, rid: str) -> None:
-        self.actor.close(rid)
-
-    def close_all(self) -> None:
-        self.actor.close_all()

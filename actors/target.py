@@ -113,21 +113,14 @@ class Progress:
 
 
 class DrafterClient(Protocol):
-    """What the target asks of a drafter actor (``cluster.app.RemoteDrafter`` over Ray)."""
+    """What the target asks of its drafter actor: a ``DrafterActor`` in this process, or
+    ``cluster.app.RemoteDrafter``, which makes the same calls over Ray (``close`` without
+    waiting)."""
 
-    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams) -> None:
-        """Start the request on the drafter; returns once it has."""
-
-    def draft(self, rid: str, limit: int, commit: rounds.Commit | None
-              ) -> Callable[[], Draft]:
-        """Send a round (commit the previous one, when given, then draft up to ``limit``);
-        returns the wait for its draft."""
-
-    def close(self, rid: str) -> None:
-        """Free the request on the drafter, without waiting."""
-
-    def close_all(self) -> None:
-        """Free every request on the drafter; returns once it has."""
+    def open(self, rid: str, prompt_ids: list[int], features, params: GenerationParams): ...
+    def draft(self, rid: str, limit: int, commit: rounds.Commit | None) -> Draft: ...
+    def close(self, rid: str): ...
+    def close_all(self): ...
 
 
 class TargetActor(RequestHost):
@@ -199,8 +192,9 @@ class TargetActor(RequestHost):
             self.close(rid)
 
     def _run(self, rid: str, program: rounds.RoundProgram, report: Report) -> Iterator[None]:
-        """Answer ``program``'s steps, recording them in ``report``; yields each time a round's
-        first work is submitted (the moment to send what came before)."""
+        """Answer ``program``'s steps, recording them in ``report``; yields as each round begins
+        (the moment to send what came before: once its first work is submitted, on this
+        actor)."""
         steps = program.steps(self.worker.target_model.eos_token_ids)
         local, remote = self.scheduler.drafter is not None, self.drafter
         step, commit, verified = next(steps), None, None
@@ -215,9 +209,8 @@ class TargetActor(RequestHost):
                     verified = wait()
                     answer = verified.draft
                 case rounds.Propose(limit) if remote is not None:
-                    wait, commit = remote.draft(rid, limit, commit), None
                     yield
-                    answer = wait()
+                    answer, commit = remote.draft(rid, limit, commit), None
                 case rounds.Propose():
                     answer = Draft([], None)  # plain decoding
                 case rounds.Verify(draft):

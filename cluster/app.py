@@ -71,7 +71,8 @@ def device_of(resources: Resources) -> str:
 
 class RemoteDrafter:
     """The target actor's client of its drafter actor (``actors.target.DrafterClient``): Ray
-    calls from the target's call threads, never its model thread."""
+    calls from the target's call threads, never its model thread; a draft call of each request
+    in flight at once, so they meet in the drafter's scheduler."""
 
     def __init__(self, handle):
         self.handle = handle  # Ray actor handle of a DrafterActor
@@ -80,8 +81,7 @@ class RemoteDrafter:
         ray.get(self.handle.open.remote(rid, prompt_ids, features, params))
 
     def draft(self, rid: str, limit: int, commit):
-        ref = self.handle.draft.remote(rid, limit, commit)
-        return lambda: ray.get(ref)
+        return ray.get(self.handle.draft.remote(rid, limit, commit))
 
     def close(self, rid: str) -> None:
         self.handle.close.remote(rid)

@@ -102,7 +102,7 @@ def actor_tokens(target, prompt_ids: list[int], params, rid: str) -> list[int]:
 
 
 def actors(ctx: Context) -> dict:
-    from actors.drafter import DrafterActor, InProcess
+    from actors.drafter import DrafterActor
     from actors.target import TargetActor
     from specdec.engine.settings import GenerationParams, SpecSettings
 
@@ -110,7 +110,7 @@ def actors(ctx: Context) -> dict:
     drafter = DrafterActor(paths["block-drafter"], paths["target"], dtype="float64",
                            device=device)
     target = TargetActor(paths["target"], paths["block-drafter"], "float64", device=device,
-                         drafter=InProcess(drafter))
+                         drafter=drafter)
     params = GenerationParams(max_new_tokens=ctx.args.tiny_tokens,
                               spec=SpecSettings("fixed", gamma=GAMMA))
     ids = tiny_prompts(target.worker.target_model)

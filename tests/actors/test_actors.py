@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from actors.drafter import DrafterActor, InProcess
+from actors.drafter import DrafterActor
 from actors.leases import Leases
 from actors.target import TargetActor
 from specdec.engine.engine import Engine
@@ -20,7 +20,7 @@ def with_drafter(target_ref: str, drafter_ref: str, **options) -> tuple[TargetAc
     """A target actor whose drafter runs in a drafter actor (float64, the same batching)."""
     drafter = DrafterActor(drafter_ref, target_ref, dtype="float64",
                            batching=options.get("batching"))
-    return TargetActor(target_ref, drafter_ref, "float64", drafter=InProcess(drafter),
+    return TargetActor(target_ref, drafter_ref, "float64", drafter=drafter,
                        **options), drafter
 
 
@@ -114,7 +114,7 @@ def test_a_restarted_target_frees_what_its_drafter_actor_held(tiny_llama):
     drafter = DrafterActor("ngram", tiny_llama["target"], dtype="float64")
     drafter.open("lost", [1, 2, 3], None, GenerationParams())
     assert drafter.active() == ["lost"]
-    TargetActor(tiny_llama["target"], "ngram", "float64", drafter=InProcess(drafter))
+    TargetActor(tiny_llama["target"], "ngram", "float64", drafter=drafter)
     assert drafter.active() == []
 
 
@@ -213,7 +213,7 @@ def test_a_restarted_suffix_drafter_starts_from_the_offline_index(tiny_llama, tm
     suffix = {"index": str(index.save(tmp_path / "index")), "online": True}
     args = ("suffix", tiny_llama["target"], None, "float64", 1, 600.0, "cpu", suffix)
     drafter = DrafterActor(*args)
-    target = TargetActor(tiny_llama["target"], "suffix", "float64", drafter=InProcess(drafter))
+    target = TargetActor(tiny_llama["target"], "suffix", "float64", drafter=drafter)
     assert drafter.worker.draft_model.cached_responses == 2
     ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
     run_rounds(target, ids, GenerationParams(max_new_tokens=12))
