@@ -2,8 +2,9 @@
 
 It loads the drafter (and the PACER pre-verifier, which runs here next to the drafter's hidden
 states) from references and wraps ``specdec.engine.workers.DraftWorker``, the same code the
-single-process engine runs. Per-request drafter state is keyed by request id and freed on
-finish, error, cancel or idle TTL. One call per round: commit the previous round's result
+single-process engine runs. Its caller is the target actor (``actors.target``), which runs each
+request's rounds. Per-request drafter state is keyed by request id and freed on finish, error,
+cancel (the target's close) or idle TTL. One call per round: commit the previous round's result
 (if any), then draft the next one. Concurrent calls are batched by a ``DraftScheduler``: the
 rounds of every waiting request run as one step (block-drafter forwards batched); the models
 load, and every open and round runs, on its thread alone (``actors.scheduler``: one model
@@ -70,4 +71,5 @@ class DrafterActor(RequestHost):
         self.leases.touch(rid)
         call = DraftCall.after(limit, commit)
         return self._guarded(rid, lambda: self.scheduler.draft(rid, call).result().value)
+
 

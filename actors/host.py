@@ -24,6 +24,14 @@ class RequestHost:
         self.scheduler.close(rid)
         self.leases.drop(rid)
 
+    def close_all(self) -> list[str]:
+        """Free every request held (its caller restarted: none of them can go on); return
+        their ids."""
+        held = self.active()
+        for rid in held:
+            self.close(rid)
+        return held
+
     def sweep(self) -> list[str]:
         """Free requests idle for longer than the TTL; return their ids."""
         stale = self.leases.expired()

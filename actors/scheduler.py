@@ -1,9 +1,11 @@
 """Continuous batching inside an actor: concurrent calls become work items, a step runs many.
 
-Each actor method call of a request (the target's ``open`` / ``verify``, the drafter's
-``draft``) submits one work item and waits on its future; one scheduler thread gathers the
-queued items, runs them as one *step* on the actor's core worker, and resolves the futures.
-Requests join and leave between steps. The two schedulers differ in what a step is:
+Each piece of a request's work (the target's prefill, verify or round, the drafter's start or
+round) is one work item, typed by its kind: a ``Work`` subclass that knows its cost in target
+tokens, how it joins a step (its part of the worker's one batched call) and what it gets back.
+A call submits an item and waits on its future; one scheduler thread gathers the queued items,
+runs them as one *step* on the actor's core worker, and resolves the futures. Requests join and
+leave between steps. The two schedulers differ in what a step is:
 
 - ``TargetScheduler``: one ragged target forward (``TargetWorker.step``) over the drafts of
   running requests and prefill chunks of new ones, within a token budget. Verifies go first,
@@ -12,7 +14,7 @@ Requests join and leave between steps. The two schedulers differ in what a step 
   the next, so no request waits more than one step behind a newer one. Chunks start every
   ``token_budget`` tokens of the prompt, whatever else the step holds: a chunk that does not
   fit the budget left waits for the next step. A target that runs the drafter itself (n-gram,
-  suffix) takes whole rounds (``round``): each queued round is drafted as the step is planned,
+  suffix) takes whole rounds (``Round``): each queued round is drafted as the step is planned,
   so the budget counts its draft's real length, and its draft is shortened to what the step's
   goodput buys (``fit_drafts``, ``actors.goodput``).
 - ``DraftScheduler``: start new requests, then commit the previous rounds and draft the next
@@ -22,14 +24,13 @@ Requests join and leave between steps. The two schedulers differ in what a step 
 
 *Gathering*: a step starts once every running request has work queued, or when ``max_batch``
 items are queued, or once the gathering window has passed (a running request may be away:
-drafting, streaming to its client, or finished without a close yet). The window is
-``gather_share`` of the last step's duration, and at least ``gather_s``; it counts from the
-oldest queued item's arrival or from the end of the last step, whichever is later. The
-requests of a step come back about one round trip after it, spread by the trip through the
-Serve replica and the other actor; waiting a fraction of a step for the stragglers is cheaper
-than running them in a second step of their own (a step's cost grows far slower than its
-rows). (A request the target actor runs whole, ``TargetActor.rounds``, makes no such trip: its
-next round is queued as soon as its answer is in.) Counting from the step's end matters: items that queued while a step ran would
+drafting, or finished without a close yet). The window is ``gather_share`` of the last step's
+duration, and at least ``gather_s``; it counts from the oldest queued item's arrival or from the
+end of the last step, whichever is later. The requests of a step come back about one trip to the
+other actor after it (the target's rounds drafted by a drafter actor), spread by that trip;
+waiting a fraction of a step for the stragglers is cheaper than running them in a second step of
+their own (a step's cost grows far slower than its rows). Counting from the step's end matters:
+items that queued while a step ran would
 otherwise start the next step at once, without the requests of the step just ended, and the
 running requests would settle into two groups taking turns in half-full steps (measured: 8
 plain-decoding clients ran in steps of 3.8 requests).
@@ -56,7 +57,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from actors.goodput import Goodput, StepCost, fit_drafts
 from specdec.engine.rounds import Commit
@@ -131,33 +132,177 @@ class Done:
 
 
 @dataclass
+class Step:
+    """What the items of one step hand the worker (each item adds its part), and its answer."""
+
+    prefill: dict[str, int] = field(default_factory=dict)  # target: prompt tokens fed per request
+    drafts: dict[str, Draft] = field(default_factory=dict)  # target: the drafts it verifies
+    calls: dict[str, DraftCall] = field(default_factory=dict)  # drafter: rounds to run
+    out: Any = None  # the worker's answer: a ``StepOutput`` (target), drafts by id (drafter)
+
+
+@dataclass(eq=False)
 class Work:
+    """One queued piece of a request's work. A subclass per kind of work says what it costs,
+    how it joins a step (``join``: its part of the worker's one batched call) and what it gets
+    back (``outcome``); the loop knows no kind."""
+
     rid: str
-    # OpenRequest (target prefill), Draft (target verify), DraftCall (drafter; the target's own
-    # drafter: a round), Drafted (a round the target's drafter has drafted)
-    payload: Any
-    future: Future = field(default_factory=Future)
-    arrived: float = field(default_factory=time.perf_counter)
-    skipped: int = 0  # steps it was left out of
-    fed: int = 0  # prefill: prompt tokens fed so far
-    admitted: bool = False
-    completes: bool = False  # whether the step it was last taken into finishes it
+    future: Future = field(default_factory=Future, init=False)
+    arrived: float = field(default_factory=time.perf_counter, init=False)
+    skipped: int = field(default=0, init=False)  # steps it was left out of
+    completes: bool = field(default=False, init=False)  # whether its last step finishes it
+    prefill: ClassVar[bool] = False  # a prompt's prefill: after the rounds, cut into chunks
 
     @property
     def cost(self) -> int:
         """Target tokens this item still needs fed."""
-        if isinstance(self.payload, OpenRequest):
-            return len(self.payload.prompt_ids) - self.fed
-        if isinstance(self.payload, Draft):
-            return len(self.payload.tokens) + 1
-        if isinstance(self.payload, Drafted):
-            return len(self.payload.value.tokens) + 1 if self.payload.ok else 0
         return 0
+
+    def portion(self, budget: int, first: bool, chunk: int) -> int | None:
+        """Target tokens of it the next step takes with ``budget`` left (``first``: the step
+        holds nothing yet); None: it waits for a later step."""
+        return self.cost if self.cost <= budget or first else None
+
+    def finishes(self, n: int) -> bool:
+        """Whether running it ``n`` tokens far completes it (a prefill chunk may not)."""
+        return True
+
+    def join(self, loop: BatchLoop, step: Step, n: int) -> Exception | None:
+        """Add this item's part to ``step`` (under ``model_lock``); an exception fails only it."""
+        raise NotImplementedError
+
+    def outcome(self, loop: BatchLoop, step: Step):
+        """Its (value, room) once the step ran, an exception, or None (not finished yet)."""
+        raise NotImplementedError
+
+
+def gone(rid: str, requests) -> Closed | None:
+    """A round of a request the worker holds no state for: it was closed."""
+    return None if rid in requests else Closed(f"request {rid} has no state: it was closed")
+
+
+# ---- the target's kinds of work --------------------------------------------------------------
+@dataclass(eq=False)
+class Prefill(Work):
+    """A new request: admit it, then feed its prompt, a chunk a step."""
+
+    request: OpenRequest
+    fed: int = field(default=0, init=False)  # prompt tokens fed so far
+    admitted: bool = field(default=False, init=False)
+    prefill: ClassVar[bool] = True
+
+    @property
+    def cost(self) -> int:
+        return len(self.request.prompt_ids) - self.fed
+
+    def portion(self, budget: int, first: bool, chunk: int) -> int | None:
+        # the prompt's next whole chunk: prompts are cut every ``chunk`` tokens, whatever else
+        # a step holds, so a chunk is computed the same in every run (a batch-invariant runtime
+        # relies on it); one that does not fit waits a step
+        n = min(self.cost, chunk)
+        return n if n <= budget or first else None
+
+    def finishes(self, n: int) -> bool:
+        return self.fed + n >= len(self.request.prompt_ids)
+
+    def join(self, loop: TargetScheduler, step: Step, n: int) -> Exception | None:
+        if not self.admitted:
+            try:
+                loop.worker.admit(self.rid, self.request)
+            except Exception as e:  # noqa: BLE001 -- e.g. PoolFull: this request only
+                return e
+            self.admitted = True
+        step.prefill[self.rid] = n
+        self.fed += n
+        return None
+
+    def outcome(self, loop: TargetScheduler, step: Step):
+        if self.rid not in step.out.opened:
+            return None  # a chunk that did not finish the prompt
+        return loop.opened(self.rid, self.request, step.out.opened[self.rid])
+
+
+@dataclass(eq=False)
+class Verify(Work):
+    """One round of a request drafted elsewhere: verify its draft."""
+
+    draft: Draft
+
+    @property
+    def cost(self) -> int:
+        return len(self.draft.tokens) + 1
+
+    def join(self, loop: TargetScheduler, step: Step, n: int) -> Exception | None:
+        if error := gone(self.rid, loop.worker.requests):
+            return error
+        step.drafts[self.rid] = self.draft
+        return None
+
+    def outcome(self, loop: TargetScheduler, step: Step):
+        return step.out.verified[self.rid], loop.worker.room(self.rid)
+
+
+@dataclass(eq=False)
+class Round(Verify):
+    """A verify whose draft the target makes itself: commit the previous round and draft as
+    the step is planned (so the budget counts the draft's real length), then verify."""
+
+    draft: Draft | Exception | None = field(default=None, init=False)  # None: not drafted yet
+    call: DraftCall
+
+    @property
+    def cost(self) -> int:
+        return super().cost if isinstance(self.draft, Draft) else 0
+
+    def join(self, loop: TargetScheduler, step: Step, n: int) -> Exception | None:
+        return self.draft if isinstance(self.draft, Exception) else super().join(loop, step, n)
+
+    def outcome(self, loop: TargetScheduler, step: Step):
+        result, room = super().outcome(loop, step)
+        return (self.draft, result), room
+
+
+# ---- the drafter's kinds of work -------------------------------------------------------------
+@dataclass(eq=False)
+class Start(Work):
+    """A request's start on the drafter: its prompt and the target's features of it. It runs
+    as it joins, alone, so one bad request fails only itself."""
+
+    request: OpenRequest
+    features: Any  # [len(prompt) - 1, F] tensor for a block drafter, else None
+
+    def join(self, loop: DraftScheduler, step: Step, n: int) -> Exception | None:
+        try:
+            loop.worker.open({self.rid: self.request}, {self.rid: self.features})
+        except Exception as e:  # noqa: BLE001 -- this request only
+            return e
+        return None
+
+    def outcome(self, loop: DraftScheduler, step: Step):
+        return None, 0
+
+
+@dataclass(eq=False)
+class DraftRound(Work):
+    """One drafter round: commit the previous round's result, then draft (batched)."""
+
+    call: DraftCall
+
+    def join(self, loop: DraftScheduler, step: Step, n: int) -> Exception | None:
+        if error := gone(self.rid, loop.worker.requests):
+            return error
+        step.calls[self.rid] = self.call
+        return None
+
+    def outcome(self, loop: DraftScheduler, step: Step):
+        value = step.out[self.rid]
+        return value if isinstance(value, Exception) else (value, 0)
 
 
 class BatchLoop:
     """The queue, the gathering rule, closes and the scheduler thread; subclasses say what a
-    step does (``plan`` which items run and how far, ``execute`` them on the worker).
+    step is (``plan`` which items run and how far, ``run`` the worker's one call over them).
     ``build`` makes the worker; it runs on the scheduler thread (see *One model thread*), and
     the constructor returns once it has, raising what it raised."""
 
@@ -182,8 +327,8 @@ class BatchLoop:
         built.result()  # the worker is there (self.worker), or the build's error is raised
 
     # ---- the actor's side -------------------------------------------------------------------
-    def submit(self, rid: str, payload) -> Future:
-        work = Work(rid, payload)
+    def submit(self, work: Work) -> Future:
+        rid = work.rid
         with self.cond:
             if rid in self.closed:
                 work.future.set_exception(Closed(f"request {rid} was closed"))
@@ -277,7 +422,7 @@ class BatchLoop:
             if id(w) not in chosen:
                 w.skipped += 1
         for w, n in batch:
-            w.completes, w.skipped = self.finishes(w, n), 0
+            w.completes, w.skipped = w.finishes(n), 0
         self.queue = [w for w in self.queue if not (id(w) in chosen and w.completes)]
         return batch
 
@@ -321,12 +466,23 @@ class BatchLoop:
         goes (target tokens fed); at least one item."""
         return [(w, w.cost) for w in ordered[: self.config.max_batch]]
 
-    def finishes(self, w: Work, n: int) -> bool:
-        """Whether running ``w`` this far completes it (a prefill chunk may not)."""
-        return True
-
     def execute(self, batch: list[tuple[Work, int]]) -> dict:
-        """Run the step (under ``model_lock``); per request id (value, room) or an exception."""
+        """Run the step (under ``model_lock``): each item joins it, the worker runs it in one
+        call (``run``), each item takes its outcome. Per request id (value, room), None (not
+        finished) or an exception."""
+        step, results = Step(), {}
+        for w, n in batch:
+            if (error := w.join(self, step, n)) is not None:
+                results[w.rid] = error
+        results |= self.run(step)
+        for w, _ in batch:
+            if w.rid not in results:
+                results[w.rid] = w.outcome(self, step)
+        return results
+
+    def run(self, step: Step) -> dict[str, Exception]:
+        """The worker's one call over what the items joined (``step.out`` its answer); the
+        requests that failed in it alone."""
         raise NotImplementedError
 
 
@@ -357,16 +513,16 @@ class TargetScheduler(BatchLoop):
         super().__init__(both, config)
 
     def open(self, rid: str, req: OpenRequest) -> Future:
-        return self.submit(rid, req)
+        return self.submit(Prefill(rid, req))
 
     def verify(self, rid: str, draft: Draft) -> Future:
-        return self.submit(rid, draft)
+        return self.submit(Verify(rid, draft))
 
     def round(self, rid: str, call: DraftCall) -> Future:
         """Commit the previous round, draft and verify, in one step (needs the drafter)."""
         if self.drafter is None:
             raise ValueError("this target runs no drafter: send its drafts with verify")
-        return self.submit(rid, call)
+        return self.submit(Round(rid, call))
 
     def release(self, rid: str) -> None:
         self.worker.close(rid)
@@ -375,7 +531,7 @@ class TargetScheduler(BatchLoop):
 
     @staticmethod
     def priority(w: Work):
-        return (w.skipped == 0, isinstance(w.payload, OpenRequest), w.arrived)
+        return (w.skipped == 0, w.prefill, w.arrived)
 
     def plan(self, ordered: list[Work]) -> list[tuple[Work, int]]:
         self._draft_rounds(ordered)  # so a round's cost is its draft's length
@@ -383,19 +539,10 @@ class TargetScheduler(BatchLoop):
         for w in ordered:
             if len(batch) == self.config.max_batch:
                 break
-            if isinstance(w.payload, OpenRequest):
-                # the prompt's next whole chunk: prompts are cut every token_budget tokens,
-                # whatever else a step holds, so a chunk is computed the same in every run (a
-                # batch-invariant runtime relies on it); one that does not fit waits a step
-                n = min(w.cost, self.config.token_budget)
-                if n > budget and batch:
-                    continue
+            n = w.portion(budget, not batch, self.config.token_budget)
+            if n is not None:
                 batch.append((w, n))
-            elif w.cost <= budget or not batch:
-                batch.append((w, w.cost))
-            else:
-                continue
-            budget -= batch[-1][1]
+                budget -= n
         return self._fit(batch)
 
     def _fit(self, batch: list[tuple[Work, int]]) -> list[tuple[Work, int]]:
@@ -407,17 +554,17 @@ class TargetScheduler(BatchLoop):
         if g is None:
             return batch
         short = [(i, w, n) for i, (w, n) in enumerate(batch) if n <= SHORT]
-        cut = [(i, w) for i, w, _ in short if isinstance(w.payload, Drafted) and w.payload.ok
+        cut = [(i, w) for i, w, _ in short if isinstance(w, Round) and isinstance(w.draft, Draft)
                and self.worker.draft_free(w.rid)]
-        drafts = [w.payload.value for _, w in cut]
+        drafts = [w.draft for _, w in cut]
         fixed = sum(n for _, _, n in short) - sum(len(d.tokens) for d in drafts)
-        rounds = sum(not isinstance(w.payload, OpenRequest) for w, _ in batch)
+        rounds = sum(not w.prefill for w, _ in batch)
         keep = fit_drafts([g.values(len(d.tokens), d.confidence) for d in drafts], fixed,
                           g.cost, g.price(rounds))
         batch = list(batch)
         for (i, w), d, k in zip(cut, drafts, keep, strict=True):
             if k < len(d.tokens):
-                w.payload = Drafted(head(d, k))
+                w.draft = head(d, k)
                 batch[i] = (w, w.cost)
         return batch
 
@@ -431,61 +578,30 @@ class TargetScheduler(BatchLoop):
         self.goodput.step(sum(len(r.tokens) for r in verified.values()), seconds,
                           fed=sum(len(d.tokens) + 1 for d in drafts.values()), prefilled=prefilled)
 
-    def finishes(self, w: Work, n: int) -> bool:
-        return not isinstance(w.payload, OpenRequest) or w.fed + n >= len(w.payload.prompt_ids)
-
-    def execute(self, batch: list[tuple[Work, int]]) -> dict:
+    def run(self, step: Step) -> dict[str, Exception]:
         started = time.perf_counter()
-        failed, prefill, drafts, made, opens = {}, {}, {}, {}, {}
-        for w, n in batch:
-            if not isinstance(w.payload, OpenRequest):
-                if w.rid not in self.worker.requests:
-                    failed[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
-                elif not isinstance(w.payload, Drafted):
-                    drafts[w.rid] = w.payload
-                elif w.payload.ok:
-                    drafts[w.rid] = made[w.rid] = w.payload.value
-                else:
-                    failed[w.rid] = w.payload.value
-                continue
-            if not w.admitted:
-                try:
-                    self.worker.admit(w.rid, w.payload)
-                except Exception as e:  # noqa: BLE001 -- e.g. PoolFull: this request only
-                    failed[w.rid] = e
-                    continue
-                w.admitted = True
-            prefill[w.rid], opens[w.rid] = n, w.payload
-            w.fed += n
-        out = self.worker.step(prefill, drafts)
+        step.out = self.worker.step(step.prefill, step.drafts)
         if self.goodput is not None:
-            self._observe(drafts, out.verified, time.perf_counter() - started,
-                          sum(prefill.values()))
-        results: dict = {**failed, **out.failed}
-        for rid, features in out.opened.items():
-            results[rid] = self._opened(rid, opens[rid], features)
-        for rid, result in out.verified.items():
-            value = (made[rid], result) if rid in made else result
-            results[rid] = (value, self.worker.room(rid))
-        for rid in prefill:  # a chunk that did not finish the prompt
-            results.setdefault(rid, None)
-        return results
+            self._observe(step.drafts, step.out.verified, time.perf_counter() - started,
+                          sum(step.prefill.values()))
+        return dict(step.out.failed)
 
     def _draft_rounds(self, queued: list[Work]) -> None:
-        """Draft every queued ``round`` with the drafter this target runs (each item becomes
-        ``Drafted``), before the step is planned. Called under ``cond``; it takes
-        ``model_lock`` (no thread holds that lock while it waits for ``cond``)."""
-        calls = {w.rid: w for w in queued if isinstance(w.payload, DraftCall)}
+        """Draft every queued ``Round`` not drafted yet with the drafter this target runs (its
+        ``draft``: the draft, or the error that fails it), before the step is planned. Called
+        under ``cond``; it takes ``model_lock`` (no thread holds that lock while it waits for
+        ``cond``)."""
+        calls = {w.rid: w for w in queued if isinstance(w, Round) and w.draft is None}
         if not calls:
             return
         with self.model_lock:
-            live = {rid: w.payload for rid, w in calls.items() if rid in self.drafter.requests}
+            live = {rid: w.call for rid, w in calls.items() if rid in self.drafter.requests}
             drafted = draft_rounds(self.drafter, live)
         for rid, w in calls.items():
-            w.payload = Drafted(drafted[rid] if rid in drafted
-                                else Closed(f"request {rid} has no drafter state: it was closed"))
+            w.draft = drafted[rid] if rid in drafted else Closed(
+                f"request {rid} has no drafter state: it was closed")
 
-    def _opened(self, rid: str, req: OpenRequest, features):
+    def opened(self, rid: str, req: OpenRequest, features):
         """A prompt fully prefilled: start the drafter this target runs on it, if any."""
         if self.drafter is not None:
             try:
@@ -508,26 +624,6 @@ class DraftCall:
         return cls(limit, None if commit is None else (commit.result, commit.drafted))
 
 
-@dataclass(frozen=True)
-class Drafted:
-    """A round drafted by the target's own drafter while it waited for a step: the draft, or
-    the error that failed the request."""
-
-    value: Draft | Exception
-
-    @property
-    def ok(self) -> bool:
-        return isinstance(self.value, Draft)
-
-
-@dataclass(frozen=True)
-class DraftOpen:
-    """A request's start on the drafter: its prompt and the target's features of it."""
-
-    request: OpenRequest
-    features: Any  # [len(prompt) - 1, F] tensor for a block drafter, else None
-
-
 class DraftScheduler(BatchLoop):
     """Steps of many requests' drafter rounds: opens first (each alone: one bad request fails
     only itself), then commits, then one batched draft."""
@@ -541,30 +637,14 @@ class DraftScheduler(BatchLoop):
         return super().window() if self.worker.batches else 0.0
 
     def open(self, rid: str, request: OpenRequest, features) -> Future:
-        return self.submit(rid, DraftOpen(request, features))
+        return self.submit(Start(rid, request, features))
 
     def draft(self, rid: str, call: DraftCall) -> Future:
-        return self.submit(rid, call)
+        return self.submit(DraftRound(rid, call))
 
-    def execute(self, batch: list[tuple[Work, int]]) -> dict:
-        results, calls = {}, {}
-        for w, _ in batch:
-            if isinstance(w.payload, DraftOpen):
-                results[w.rid] = self._open(w.rid, w.payload)
-            elif w.rid not in self.worker.requests:
-                results[w.rid] = Closed(f"request {w.rid} has no state: it was closed")
-            else:
-                calls[w.rid] = w.payload
-        for rid, value in draft_rounds(self.worker, calls).items():
-            results[rid] = value if isinstance(value, Exception) else (value, 0)
-        return results
-
-    def _open(self, rid: str, call: DraftOpen):
-        try:
-            self.worker.open({rid: call.request}, {rid: call.features})
-        except Exception as e:  # noqa: BLE001 -- this request only
-            return e
-        return None, 0
+    def run(self, step: Step) -> dict[str, Exception]:
+        step.out = draft_rounds(self.worker, step.calls)
+        return {}
 
 
 def head(draft: Draft, k: int) -> Draft:

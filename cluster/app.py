@@ -73,12 +73,41 @@ def device_of(resources: Resources) -> str:
     return "cuda" if resources.num_gpus > 0 else "cpu"
 
 
+class RemoteDrafter:
+    """The target actor's client of its drafter actor (``actors.target.DrafterClient``): Ray
+    calls from the target's call threads, never its model thread; a draft call of each request
+    in flight at once, so they meet in the drafter's scheduler."""
+
+    def __init__(self, handle):
+        self.handle = handle  # Ray actor handle of a DrafterActor
+
+    def open(self, rid: str, prompt_ids: list[int], features, params) -> None:
+        ray.get(self.handle.open.remote(rid, prompt_ids, features, params))
+
+    def draft(self, rid: str, limit: int, commit):
+        return ray.get(self.handle.draft.remote(rid, limit, commit))
+
+    def close(self, rid: str) -> None:
+        self.handle.close.remote(rid)
+
+    def close_all(self) -> None:
+        ray.get(self.handle.close_all.remote())
+
+
 def spawn_actors(args: ServeArgs):
     """Start the target actor and, for a drafter that runs in an actor of its own (see
-    ``ServeArgs.drafter_placement``), the drafter actor, each in its bundle of the replica's
-    placement group; return both handles (None: no drafter actor)."""
+    ``ServeArgs.drafter_placement``), the drafter actor first, the target's callee, each in its
+    bundle of the replica's placement group; return both handles (None: no drafter actor; the
+    replica reads the drafter actor's state, the target makes its calls)."""
     ttl = args.limits.idle_ttl_s
     batching, calls = args.batching.actor_config(), args.limits.kv_slots + 8
+    drafter_actor = None
+    if args.drafter_actor:
+        drafter_actor = actor_class(DrafterActor, calls).options(
+            **actor_options(args.drafter_resources, args, placement.DRAFTER_BUNDLE)).remote(
+            args.drafter, args.target, args.preverifier, args.dtype,
+            args.drafter_resources.threads, ttl, device_of(args.drafter_resources),
+            args.suffix.model_dump(), args.block_drafter, batching)
     local = ({"drafter": args.drafter, "suffix": args.suffix.model_dump()}
              if args.drafter_on_target else None)
     target_actor = actor_class(TargetActor, calls).options(
@@ -86,14 +115,7 @@ def spawn_actors(args: ServeArgs):
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
         batching, local, args.attention, args.linears, args.kv_cache_dtype, args.max_model_len,
-        args.backend, args.isa)
-    if not args.drafter_actor:
-        return target_actor, None
-    drafter_actor = actor_class(DrafterActor, calls).options(
-        **actor_options(args.drafter_resources, args, placement.DRAFTER_BUNDLE)).remote(
-        args.drafter, args.target, args.preverifier, args.dtype, args.drafter_resources.threads,
-        ttl, device_of(args.drafter_resources), args.suffix.model_dump(), args.block_drafter,
-        batching)
+        args.backend, args.isa, None if drafter_actor is None else RemoteDrafter(drafter_actor))
     return target_actor, drafter_actor
 
 

@@ -57,20 +57,20 @@ class ServeMetrics:
                                         "after the last target step", tag_keys=("model",))
         self.slots_used.set_default_tags(tags)
 
-    def round(self, draft, result, seconds: float) -> None:
-        """One verified round: draft is a workers.Draft, result a workers.RoundResult."""
-        drafted, accepted = len(draft.tokens), result.accepted
+    def round(self, info) -> None:
+        """One verified round (an ``actors.target.RoundInfo``)."""
+        drafted, accepted = info.drafted, info.accepted
         self.rounds.inc()
         if drafted:
             self.drafted.inc(drafted)
         if accepted:
             self.accepted.inc(accepted)
-        self.accepted_length.observe(len(result.tokens))
+        self.accepted_length.observe(info.committed)
         self.draft_length.observe(drafted)
-        self.drafter_s.observe(draft.drafter_s + draft.preverifier_s)
-        self.target_s.observe(result.target_s)
+        self.drafter_s.observe(info.drafter_s)
+        self.target_s.observe(info.target_s)
         self.totals.update(rounds=1, drafted=drafted, accepted=accepted,
-                           committed=len(result.tokens))
+                           committed=info.committed)
 
     def step(self, info) -> None:
         """One target step (an ``actors.scheduler.StepInfo``), observed once."""

@@ -1,30 +1,25 @@
-"""The served round loop: drives one request's round program across the drafter and target actors.
+"""The served request loop: the replica's side of one request the target actor runs.
 
-The round is ``specdec.engine.rounds.RoundProgram``, the very program the engine drives (the
-same limit, truncation, finishing and stats), so served tokens equal engine tokens; this module
-answers its steps from the actors. Two ways, by whether a drafter actor serves:
-
-- *Streamed* (no drafter actor: the target drafts itself -- n-gram, suffix -- or decodes
-  plainly). The target actor runs the request's program whole (``TargetActor.rounds``), each
-  round submitted there the moment the last one ends, and streams its answers (the prefill's,
-  then each round's draft and verification); this loop replays them through its own program.
-  Both programs are the same code on the same answers, so they ask for the same rounds; only
-  this one checks stop strings (the tokeniser is here), and when it finishes first, the close
-  ends the target's loop too. One actor call a request: a round never waits for a trip to the
-  replica and back, and a target step never waits for requests that are away on that trip. A
-  request read only at its end (not streamed, no stop strings) gets all its answers in one
-  message, so the replica handles one message a request, not one a round; the time of its
-  first token comes from the answers' own times.
-- *Called* (a drafter actor): per round, draft on the drafter actor, which first commits the
-  previous round's result (the program's ``Commit`` is held back and sent with the next draft
-  call), then verify on the target actor: two actor calls.
+The target actor runs the request's round program (``specdec.engine.rounds.RoundProgram``, the
+very program the engine drives: the same limits, truncation, finishing and stats) in one call,
+``TargetActor.rounds``, each round submitted there the moment the last one ends, and streams
+what each round commits. When the drafter runs in an actor of its own, the target calls it for
+each round (the drafter actor is the target's callee, never the replica's), so a round never
+waits for a trip to the replica and back, and a target step never waits for requests that are
+away on that trip. This loop reads the stream into a ``Served``, the replica's view of the
+request (its tokens, log probabilities, stats and finish reason), cut at the first stop string
+(the tokeniser is here), and feeds the metrics observer each round and target step. There is
+no second copy of the program here and nothing is replayed. A request read only at its end
+(not streamed, no stop strings) gets its whole answer in one message, so the replica handles
+one message a request, not one a round.
 
 Only token ids, stats and a few feature rows cross. Many requests run concurrently on one event
-loop; the actors batch the work that waits at the same time (one target forward verifies it
-all), and each answer carries the load-aware cap on the next draft, which shrinks as the batch
-grows. ``reap`` frees state an actor holds for a request with no running loop (an orphan: a
-loop whose ``finally`` never ran), so no path leaves state behind for longer than one reaping
-period. This module knows nothing about HTTP or tokenisation.
+loop; the target batches the work that waits at the same time (one forward verifies it all).
+A request whose program finished is freed by the target itself; any other end (a stop string,
+an error, a caller that left or was cancelled) sends a ``close`` to the target, which closes the
+request on the drafter actor too. ``reap`` frees state an actor holds for a request with no
+running loop (an orphan: a loop whose ``finally`` never ran), so no path leaves state behind for
+longer than one reaping period. This module knows nothing about HTTP or tokenisation.
 
 Cleanup calls are ``detached`` from the request. In an async actor (a Serve replica) Ray counts
 every actor call made in a request's context as a child of that request's task, and cancelling
@@ -40,10 +35,14 @@ import contextvars
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from actors.leases import LostState
-from specdec.engine import rounds
-from specdec.engine.workers import Draft
+from actors.target import Progress
+from specdec.engine.logprobs import TokenLogprobs
+from specdec.engine.settings import GenerationParams
+from specdec.engine.stats import RequestStats
+from specdec.engine.stops import StopStrings
 
 # The actors' bookkeeping reads (``active``, ``process``) run in a concurrency group of their
 # own, one thread beside the one that runs model calls, so a read answers at once instead of
@@ -68,124 +67,107 @@ def detached(fn, *args) -> None:
     loop.call_soon(fn, *args, context=contextvars.Context())
 
 
+class Served:
+    """One request as the replica sees it: what the target's program committed, cut at the
+    first stop string. Read it as a ``RoundProgram``: ``token_ids``, ``finish_reason``,
+    ``stats``, ``logprobs`` (a part a message that added tokens), ``all_logprobs()``."""
+
+    def __init__(self, prompt_ids: list[int], params: GenerationParams,
+                 stops: StopStrings | None = None):
+        self.prompt_ids, self.params, self.stops = list(prompt_ids), params, stops
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
+        self.finish_reason: str | None = None
+        self.stats = RequestStats()
+
+    def add(self, progress: Progress) -> list[int]:
+        """Take in a message of the target's; return the tokens it adds to the output. A stop
+        string ends the request at the token that completes it, as the program ends at EOS;
+        the stats count only the tokens kept."""
+        new, reason = progress.tokens, progress.finish_reason
+        if self.stops is not None and new:
+            keep = self.stops.cut(self.token_ids + new, len(self.token_ids))
+            if keep is not None:
+                new, reason = new[: keep - len(self.token_ids)], "stop"
+        if progress.logprobs is not None and new:
+            self.logprobs.append(progress.logprobs.head(len(new)))
+        self.token_ids.extend(new)
+        self.stats = replace(progress.stats, committed=len(self.token_ids),
+                             total_s=self.stats.total_s)
+        self.finish_reason = reason
+        return new
+
+    def all_logprobs(self) -> TokenLogprobs | None:
+        """The kept tokens' log probabilities, when the request asked for them."""
+        return None if self.params.logprobs is None else TokenLogprobs.concat(self.logprobs)
+
+
 class Orchestrator:
-    def __init__(self, target_actor, drafter_actor, eos_token_ids: frozenset[int], observer=None):
+    def __init__(self, target_actor, drafter_actor=None, observer=None):
         self.target_actor = target_actor  # Ray actor handle of a TargetActor
-        # of a DrafterActor, or None: the target runs each request whole (module docstring)
+        # of the target's DrafterActor, or None: read here only for ``reap``
         self.drafter_actor = drafter_actor
-        self.eos = eos_token_ids
-        # optional: .round(draft, result, seconds), .finished(program), and for the target's
-        # batching .step(StepInfo) once per step and .queued(seconds) once per target call
+        # optional: .round(RoundInfo), .finished(served), and for the target's batching
+        # .step(StepInfo) once per step and .queued(seconds) once per target call
         self.observer = observer
         self.seen_steps: deque[int] = deque(maxlen=256)  # recent target steps already observed
         self.live: set[str] = set()  # requests whose loop is running
 
-    async def run(self, rid: str, program: rounds.RoundProgram, incremental: bool = True,
+    async def run(self, rid: str, served: Served, incremental: bool = True,
                   first_token: Callable[[float], None] | None = None
                   ) -> AsyncIterator[list[int]]:
-        """Drive ``program`` over the actors; yield each round's newly committed tokens. State
-        is freed in both actors however the loop ends (finish, error, or the caller cancelling
-        it mid-round). ``incremental``: the caller reads the tokens as they come (a streamed
-        response; stop strings, which only this loop's program checks); False: only the whole
-        answer counts, so a request the target runs whole comes back in one message at the end
-        (``TargetActor.rounds``' ``every=0``). ``first_token(at)``: called once, with the time
-        (``time.perf_counter``) the first tokens were committed, sent or not."""
+        """Run the request on the target actor; yield each message's newly kept tokens. State
+        is freed in the actors however the loop ends (finish, stop string, error, or the
+        caller cancelling it mid-round). ``incremental``: the caller reads the tokens as they
+        come (a streamed response; stop strings); False: only the whole answer counts, so it
+        comes back in one message at the end (``TargetActor.rounds``' ``every=0``).
+        ``first_token(at)``: called once, with the time (``time.perf_counter``) the first
+        tokens were committed, sent or not."""
         t0 = time.perf_counter()
         self.live.add(rid)
-        steps = program.steps(self.eos)
-        stream = None
-        if self.drafter_actor is None:
-            stream = Streamed(self.target_actor, rid, every=1 if incremental else 0)
-        finished = False
+        freed = False  # the target's program finished: it freed the request itself
         try:
-            step, answer, commit, t1 = next(steps), None, None, t0
-            verified = None  # the streamed round whose draft answered the last Propose
-            ready = None  # when the streamed round of the next Emit was answered, on our clock
-            while not isinstance(step, rounds.Finish):
-                match step:
-                    case rounds.Open() if stream is not None:
-                        opened = await stream.start(step.prompt_ids, step.params)
-                        self._observe(opened.step)
-                        answer = opened.answer()
-                    case rounds.Open():
-                        answer = await self._open(rid, step)
-                    case rounds.Propose(limit) if stream is not None:
-                        t1 = time.perf_counter()
-                        verified = await stream.next()
-                        ready = stream.ready_at(verified)
-                        if len(verified.draft.tokens) > limit:  # the two programs differ
-                            raise RuntimeError(f"request {rid}: the target drafted "
-                                               f"{len(verified.draft.tokens)} tokens, past "
-                                               f"this round's limit of {limit}")
-                        answer = verified.draft
-                    case rounds.Propose(limit):
-                        t1 = time.perf_counter()
-                        answer = await self._draft(rid, limit, commit)
-                        commit = None
-                    case rounds.Verify(draft) if verified is not None:
-                        self._observe_round(draft, verified, t1)
-                        answer, verified = verified.answer(), None
-                    case rounds.Verify(draft):
-                        answer = await self._verify(rid, draft, t1)
-                    case rounds.Commit():
-                        answer, commit = None, step  # sent with the next draft call
-                    case rounds.Emit(tokens):
-                        program.stats.total_s = time.perf_counter() - t0
-                        answer = None
-                        if first_token is not None and tokens:
-                            first_token(time.perf_counter() if ready is None else ready)
-                            first_token = None
-                        yield tokens
-                step = steps.send(answer)
-            finished = True
+            messages = self.target_actor.rounds.options(num_returns="streaming").remote(
+                rid, served.prompt_ids, served.params, 1 if incremental else 0)
+            async for ref in messages:
+                progress = await ref
+                freed = progress.finish_reason is not None
+                new = served.add(progress)
+                served.stats.total_s = time.perf_counter() - t0
+                self._observe(progress)
+                if new:
+                    if first_token is not None:
+                        first_token(t0 + progress.at_s)
+                        first_token = None
+                    yield new
+                if served.finish_reason is not None:
+                    return
+            raise LostState(f"request {rid}: the target actor closed it (idle past the TTL, "
+                            "or its state was freed); retry the request")
         finally:
-            # A request the target ran whole to the same end frees itself there; any other
-            # end (a stop string, an error, a caller that left) needs the close.
-            if not (finished and stream is not None and program.stops is None):
+            if not freed:
                 self.close(rid)
             self.live.discard(rid)
-            program.stats.total_s = time.perf_counter() - t0
+            served.stats.total_s = time.perf_counter() - t0
             if self.observer is not None:
-                self.observer.finished(program)
+                self.observer.finished(served)
 
-    async def _open(self, rid: str, step: rounds.Open) -> rounds.Opened:
-        opened = await self.target_actor.open.remote(rid, step.prompt_ids, step.params)
-        t0 = time.perf_counter()
-        await self.drafter_actor.open.remote(rid, step.prompt_ids, opened.features, step.params)
-        self._observe(opened.step)
-        return opened.answer(drafter_s=time.perf_counter() - t0)
-
-    async def _draft(self, rid: str, limit: int, commit: rounds.Commit | None) -> Draft:
-        return await self.drafter_actor.draft.remote(rid, limit, commit)
-
-    async def _verify(self, rid: str, draft: Draft, t_round: float) -> rounds.Verified:
-        verified = await self.target_actor.verify.remote(rid, draft)
-        self._observe_round(draft, verified, t_round)
-        return verified.answer()
-
-    def _observe_round(self, draft: Draft, verified, t_round: float) -> None:
-        if self.observer is not None:
-            self.observer.round(draft, verified.result, time.perf_counter() - t_round)
-        self._observe(verified.step)
-
-    def _observe(self, info) -> None:
-        if self.observer is None or info is None:
+    def _observe(self, progress: Progress) -> None:
+        if self.observer is None:
             return
-        self.observer.queued(info.queue_s)
-        if info.step not in self.seen_steps:  # every request of a step reports it
-            self.seen_steps.append(info.step)
-            self.observer.step(info)
+        for info in progress.rounds:
+            self.observer.round(info)
+        for info in progress.steps:
+            self.observer.queued(info.queue_s)
+            if info.step not in self.seen_steps:  # every request of a step reports it
+                self.seen_steps.append(info.step)
+                self.observer.step(info)
 
     def close(self, rid: str) -> None:
-        """Free the request in both actors, soon and ``detached`` from any request. Fire and
-        forget: each actor runs the close after any call of this request already submitted to
-        it, so nothing leaks."""
-        detached(self._close_now, rid)
-
-    def _close_now(self, rid: str) -> None:
-        self.target_actor.close.remote(rid)
-        if self.drafter_actor is not None:
-            self.drafter_actor.close.remote(rid)
+        """Free the request on the target actor, which frees it on the drafter actor too; soon
+        and ``detached`` from any request. Fire and forget: the target's loop of the request
+        ends quietly at its next step."""
+        detached(self.target_actor.close.remote, rid)
 
     async def reap(self) -> list[str]:
         """Close every request an actor holds state for that has no running loop; return them.
@@ -198,36 +180,3 @@ class Orchestrator:
         for rid in orphans:
             self.close(rid)
         return orphans
-
-
-class Streamed:
-    """The answers of one request the target actor runs whole (``TargetActor.rounds``), in the
-    order its program asks for them: ``start`` the ``Opened``, then ``next`` each round's
-    ``Verified`` (its ``draft`` the round's draft), ``every`` to a message (0: all at the end)."""
-
-    def __init__(self, target_actor, rid: str, every: int = 1):
-        self.target_actor, self.rid, self.every = target_actor, rid, every
-        self.messages = None  # Ray's ObjectRefGenerator of the actor's ``rounds``
-        self.answers: deque = deque()  # those of the last message not yet asked for
-        self.t0 = 0.0  # when the call went out, on this loop's clock
-
-    async def start(self, prompt_ids: list[int], params):
-        self.t0 = time.perf_counter()
-        self.messages = self.target_actor.rounds.options(num_returns="streaming").remote(
-            self.rid, prompt_ids, params, self.every)
-        return await self.next()
-
-    async def next(self):
-        if not self.answers:
-            try:
-                ref = await self.messages.__anext__()
-            except StopAsyncIteration:  # its loop ended before this program finished
-                raise LostState(f"request {self.rid}: the target actor closed it (idle past "
-                                "the TTL, or its state was freed); retry the request") from None
-            self.answers.extend(await ref)
-        return self.answers.popleft()
-
-    def ready_at(self, answer) -> float:
-        """When ``answer`` was ready on the actor, on this loop's clock (the call's start plus
-        the actor's time since it began the call: a clock of one machine either way)."""
-        return self.t0 + answer.at_s

@@ -61,14 +61,14 @@ class ApiMetrics:
                                    "rounds that accepted draft position i", ["position"])
 
     # ---- the orchestrator's observer hooks --------------------------------------------------
-    def round(self, draft, result, seconds: float) -> None:
-        """One verified round: draft is a workers.Draft, result a workers.RoundResult."""
-        if not draft.tokens:
+    def round(self, info) -> None:
+        """One verified round (an ``actors.target.RoundInfo``)."""
+        if not info.drafted:
             return
         self.drafts.labels(self.model).inc()
-        self.draft_tokens.labels(self.model).inc(len(draft.tokens))
-        self.accepted.labels(self.model).inc(result.accepted)
-        for i in range(result.accepted):
+        self.draft_tokens.labels(self.model).inc(info.drafted)
+        self.accepted.labels(self.model).inc(info.accepted)
+        for i in range(info.accepted):
             self.accepted_at.labels(self.model, str(i)).inc()
 
     def finished(self, program) -> None:
@@ -109,9 +109,9 @@ class Fanout:
     def __init__(self, *observers):
         self.observers = [o for o in observers if o is not None]
 
-    def round(self, draft, result, seconds: float) -> None:
+    def round(self, info) -> None:
         for o in self.observers:
-            o.round(draft, result, seconds)
+            o.round(info)
 
     def finished(self, program) -> None:
         for o in self.observers:

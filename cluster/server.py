@@ -6,10 +6,11 @@ turns it into a Serve deployment and passes it the function that starts the two 
 model runs (bad input is a 400, an unknown model a 404, a full server a 503, never a 500),
 tokenises with the target's tokenizer, and streams rounds as SSE chunks.
 
-A request of ``n`` choices is a ``Job`` of n round loops (seeds seed + i), each its own request
-on the actors and holding one concurrency slot. Stop strings are checked by the round loop
-(``RoundProgram`` with ``specdec.engine.stops.StopStrings`` over this tokenizer), so a round that
-runs past one is cut exactly as at EOS; ``TextStream`` holds back text that may begin one.
+A request of ``n`` choices is a ``Job`` of n requests on the target actor (seeds seed + i), each
+holding one concurrency slot. Stop strings are checked here, on what the target commits
+(``cluster.orchestrator.Served`` with ``specdec.engine.stops.StopStrings`` over this tokenizer),
+so a round that runs past one is cut exactly as at EOS; ``TextStream`` holds back text that may
+begin one.
 ``GET /metrics`` renders ``cluster.prometheus.ApiMetrics``.
 """
 
@@ -37,13 +38,12 @@ from transformers import AutoTokenizer
 from cluster import protocol as wire
 from cluster.detokenize import TextStream
 from cluster.guard import OPEN_PATHS, Guard, api_key
-from cluster.orchestrator import Orchestrator, control
+from cluster.orchestrator import Orchestrator, Served, control
 from cluster.prometheus import CONTENT_TYPE, ApiMetrics, Fanout
 from cluster.schema import ServeArgs
 from specdec.algorithms.policies import POLICIES
 from specdec.algorithms.sampling import Warp
 from specdec.engine.engine import check_pair, check_prompt
-from specdec.engine.rounds import RoundProgram
 from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.stops import StopStrings
 from specdec.models.registry import resolve_model_ref
@@ -102,7 +102,6 @@ class Server:
         self.observer = observer  # the Ray metrics (``GET /debug/metrics`` has their totals)
         self.prometheus = ApiMetrics(self.model_id, self.args.limits.kv_slots)  # ``GET /metrics``
         self.orchestrator = Orchestrator(self.target_actor, self.drafter_actor,
-                                         self.info.eos_token_ids,
                                          Fanout(observer, self.prometheus))
         self.slots: set[str] = set()  # request ids holding a concurrency slot
         self.reaper: asyncio.Task | None = None  # started with the first request
@@ -174,7 +173,7 @@ class Server:
         except wire.ApiError as e:
             return JSONResponse(e.body(), status_code=e.status)
         stops = None if not job.stops else StopStrings(job.stops, self._decode)
-        job.runs = [RoundProgram(prompt_ids, replace(params, seed=params.seed + i), stops)
+        job.runs = [Served(prompt_ids, replace(params, seed=params.seed + i), stops)
                     for i in range(req.n)]
         if req.stream:
             # The slots are freed by the stream's end, or by the background task when a client
@@ -245,8 +244,8 @@ class Server:
 
     async def _choice_rounds(self, job: Job, i: int):
         run = job.runs[i]
-        # Tokens read as they come: a streamed response, or stop strings (only the replica's
-        # program checks them); else the target may send a request's answers at its end.
+        # Tokens read as they come: a streamed response, or stop strings (checked here); else
+        # the target sends a request's answer at its end.
         incremental = job.req.stream or run.stops is not None
         async with aclosing(self.orchestrator.run(job.rids[i], run, incremental,
                                                   partial(job.first_token, self.prometheus))
@@ -453,7 +452,7 @@ def logprobs_of(req, chat: bool) -> int | None:
 
 
 class Job:
-    """One HTTP request: its n choices (``runs``, one ``RoundProgram`` each) and their ids."""
+    """One HTTP request: its n choices (``runs``, one ``Served`` each) and their ids."""
 
     def __init__(self, rid: str, chat: bool, req, t0: float):
         self.rid, self.chat, self.req, self.t0 = rid, chat, req, t0
@@ -461,7 +460,7 @@ class Job:
         self.stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         opts = req.stream_options
         self.include_usage = bool(opts is not None and opts.include_usage)
-        self.runs: list[RoundProgram] = []
+        self.runs: list[Served] = []
         self.started = False  # whether the first token came
         self.finished = False
 

@@ -85,36 +85,10 @@ def engine(ctx: Context) -> dict:
     return out
 
 
-def actor_tokens(target, drafter, prompt_ids: list[int], params, rid: str) -> list[int]:
-    """One request through both actors, driven as the orchestrator drives them: open, then
-    draft (carrying the previous round's commit) and verify, until the program finishes."""
-    from specdec.engine import rounds
-
-    program, commit = rounds.RoundProgram(prompt_ids, params), None
-
-    def answer(step):
-        nonlocal commit
-        match step:
-            case rounds.Open():
-                opened = target.open(rid, prompt_ids, params)
-                drafter.open(rid, prompt_ids, opened.features, params)
-                return opened.answer()
-            case rounds.Propose(limit):
-                draft, commit = drafter.draft(rid, limit, commit), None
-                return draft
-            case rounds.Verify(draft):
-                return target.verify(rid, draft).answer()
-            case rounds.Commit():
-                commit = step
-        return None
-
-    try:
-        for _ in rounds.drive(program.steps(target.info().eos_token_ids), answer):
-            pass
-    finally:
-        target.close(rid)
-        drafter.close(rid)
-    return program.token_ids
+def actor_tokens(target, prompt_ids: list[int], params, rid: str) -> list[int]:
+    """One request served as the replica has it served: the target runs its rounds and calls
+    its drafter actor; the tokens of the messages it streams."""
+    return [t for message in target.rounds(rid, prompt_ids, params) for t in message.tokens]
 
 
 def actors(ctx: Context) -> dict:
@@ -123,13 +97,14 @@ def actors(ctx: Context) -> dict:
     from specdec.engine.settings import GenerationParams, SpecSettings
 
     paths, device = ctx.keep["tiny"], ctx.args.device
-    target = TargetActor(paths["target"], paths["block-drafter"], "float64", device=device)
     drafter = DrafterActor(paths["block-drafter"], paths["target"], dtype="float64",
                            device=device)
+    target = TargetActor(paths["target"], paths["block-drafter"], "float64", device=device,
+                         drafter=drafter)
     params = GenerationParams(max_new_tokens=ctx.args.tiny_tokens,
                               spec=SpecSettings("fixed", gamma=GAMMA))
     ids = tiny_prompts(target.worker.target_model)
-    got = [actor_tokens(target, drafter, p, params, f"r{i}") for i, p in enumerate(ids)]
+    got = [actor_tokens(target, p, params, f"r{i}") for i, p in enumerate(ids)]
     equal = [g == want for g, want in zip(got, ctx.keep["tiny_plain"], strict=True)]
     freed = target.active() == [] and drafter.active() == []
     return {"device": str(target.worker.target_model.device),

@@ -17,11 +17,12 @@ One round is Propose -> Verify -> [Emit] -> Commit, and the last one ends with F
 of Commit (the drafter never sees a round after which nothing is drafted). ``limit`` may be 0
 (the last round: only the bonus token is left to commit, or the context is full), and a driver
 without a drafter answers every Propose with an empty draft (plain decoding). A driver may
-defer a Commit and deliver it with the next Propose's call: the served orchestrator does
+defer a Commit and deliver it with the next Propose's call: the served target actor does
 (one drafter call per round), the engine commits at once; the tokens are the same.
 
 Who drives it: ``specdec.engine.engine.Engine`` (local ``TargetWorker`` / ``DraftWorker``,
-synchronously), ``cluster.orchestrator.Orchestrator`` (the actors, awaited) and
+synchronously), ``actors.target.TargetActor.rounds`` (a served request, its drafts from a
+drafter actor or the target's own drafter) and
 ``specdec.training.simulation`` (the raw models, full-window drafts, records taken from its
 own verify answers). So every path commits exactly the same tokens.
 

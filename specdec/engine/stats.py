@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -49,6 +49,12 @@ class RequestStats:
             self.drafted_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
+
+    def snapshot(self) -> RequestStats:
+        """A copy that later rounds leave as it is."""
+        return replace(self, accepted_at=list(self.accepted_at), drafted_at=list(self.drafted_at),
+                       draft_lengths=Counter(self.draft_lengths),
+                       draft_sources=Counter(self.draft_sources))
 
     def to_dict(self) -> dict:
         return {

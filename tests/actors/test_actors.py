@@ -10,7 +10,6 @@ import pytest
 from actors.drafter import DrafterActor
 from actors.leases import Leases
 from actors.target import TargetActor
-from specdec.engine import rounds
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
@@ -18,131 +17,106 @@ from specdec.engine.workers import Draft
 from specdec.runtime.plan import cpu_flags
 
 
-def run_rounds(target_actor: TargetActor, drafter_actor: DrafterActor | None, prompt_ids, params,
-               rid: str = "r1", steps: list | None = None) -> list[int]:
-    """The orchestrator's driving of the round program, synchronously: open, then draft (with
-    the previous round's commit) -> verify, with the load-aware draft cap the target sends;
-    the target steps it ran in go to ``steps``. A target that drafts itself (``drafter_actor``
-    None) takes each round in one ``round`` call."""
-    program = rounds.RoundProgram(prompt_ids, params)
-    machine = program.steps(target_actor.info().eos_token_ids)
-    step, commit, verified = next(machine), None, None
-    try:
-        while not isinstance(step, rounds.Finish):
-            answer = None
-            if isinstance(step, rounds.Open):
-                opened = target_actor.open(rid, prompt_ids, params)
-                if drafter_actor is not None:
-                    drafter_actor.open(rid, prompt_ids, opened.features, params)
-                answer = rounds.Opened(opened.room, draft_cap=opened.draft_cap)
-            elif isinstance(step, rounds.Propose) and drafter_actor is None:
-                verified, commit = target_actor.round(rid, step.limit, commit), None
-                answer = verified.draft
-            elif isinstance(step, rounds.Propose):
-                answer, commit = drafter_actor.draft(rid, step.limit, commit), None
-            elif isinstance(step, rounds.Verify):
-                if drafter_actor is not None:
-                    verified = target_actor.verify(rid, step.draft)
-                answer = rounds.Verified(verified.result, verified.room, verified.draft_cap)
-                if steps is not None:
-                    steps.append(verified.step)
-            elif isinstance(step, rounds.Commit):
-                commit = step  # sent with the next draft
-            step = machine.send(answer)
-    finally:
-        target_actor.close(rid)
-        if drafter_actor is not None:
-            drafter_actor.close(rid)
-    return program.token_ids
+def with_drafter(target_ref: str, drafter_ref: str, **options) -> tuple[TargetActor, DrafterActor]:
+    """A target actor whose drafter runs in a drafter actor (float64, the same batching)."""
+    drafter = DrafterActor(drafter_ref, target_ref, dtype="float64",
+                           batching=options.get("batching"))
+    return TargetActor(target_ref, drafter_ref, "float64", drafter=drafter,
+                       **options), drafter
+
+
+def run_rounds(target_actor: TargetActor, prompt_ids, params, rid: str = "r1",
+               steps: list | None = None) -> list[int]:
+    """A served request, read as the orchestrator reads it: the target's ``rounds`` to their
+    end; the target steps its work ran in go to ``steps``. A stream that ends before the
+    program finished (a close) raises ``LookupError``."""
+    tokens, last = [], None
+    for last in target_actor.rounds(rid, prompt_ids, params):
+        tokens += last.tokens
+        if steps is not None:
+            steps.extend(last.steps)
+    if last is None or last.finish_reason is None:
+        raise LookupError(f"request {rid} was closed before it finished")
+    return tokens
 
 
 @pytest.mark.parametrize("drafter_name", ["ngram", "block-drafter", "drafter"])
 def test_actors_give_engine_tokens(tiny_llama, drafter_name):
+    """The drafter in an actor of its own, called by the target."""
     ref = "ngram" if drafter_name == "ngram" else tiny_llama[drafter_name]
-    target = TargetActor(tiny_llama["target"], ref, "float64")
-    drafter = DrafterActor(ref, tiny_llama["target"], dtype="float64")
+    target, drafter = with_drafter(tiny_llama["target"], ref)
     pair = load_pair(tiny_llama["target"], ref, dtype="float64")
     ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
     params = GenerationParams(max_new_tokens=30)
-    assert run_rounds(target, drafter, ids, params) == \
+    assert run_rounds(target, ids, params) == \
         Engine(pair.target, pair.drafter).generate(ids, params).token_ids
     assert target.active() == [] and drafter.active() == []
 
 
-def replay(target_actor: TargetActor, prompt_ids, params, rid: str = "r1", every: int = 1):
-    """The orchestrator's replay of a request the target runs whole (``TargetActor.rounds``):
-    its answers, in order, through a program of our own (``rounds.drive``); returns its tokens,
-    the messages' sizes so far and the stream of answers, which the program's last round has
-    drained up to the actor's own finish."""
-    program = rounds.RoundProgram(prompt_ids, params)
-    sizes = []
-
-    def flat():
-        for message in target_actor.rounds(rid, prompt_ids, params, every):
-            sizes.append(len(message))
-            yield from message
-
-    answers = flat()
-    last = None  # the round whose draft answered the last Propose
-
-    def answer(step):
-        nonlocal last
-        if isinstance(step, rounds.Open):
-            return next(answers).answer()
-        if isinstance(step, rounds.Propose):
-            last = next(answers)
-            assert len(last.draft.tokens) <= step.limit
-            return last.draft
-        return last.answer() if isinstance(step, rounds.Verify) else None
-
-    for _ in rounds.drive(program.steps(target_actor.info().eos_token_ids), answer):
-        pass
-    return program.token_ids, sizes, answers
-
-
 @pytest.mark.parametrize("every", [1, 3, 0])
 @pytest.mark.parametrize("drafter", ["ngram", "none"])
-def test_a_request_run_whole_on_the_target_gives_the_engine_tokens(tiny_llama, drafter, every):
-    """Drafting on the target (n-gram) or decoding plainly: the target's own loop streams the
-    answers a replaying program needs, ``every`` to a message (0: one message at the end), ends
-    with that program's last round, and frees the request itself, with no close."""
+def test_a_request_gives_the_engine_tokens_in_messages_of_every_rounds(tiny_llama, drafter,
+                                                                       every):
+    """Drafting on the target (n-gram) or decoding plainly: the target's loop streams what its
+    rounds commit, ``every`` rounds to a message (0: one message at the end), the last one
+    with the finish reason and the request's stats, and frees the request itself."""
     local = {"drafter": drafter} if drafter != "none" else None
     target = TargetActor(tiny_llama["target"], drafter, "float64", local_drafter=local)
     pair = load_pair(tiny_llama["target"], drafter, dtype="float64")
     ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
     params = GenerationParams(max_new_tokens=30)
-    tokens, sizes, answers = replay(target, ids, params, every=every)
-    assert tokens == Engine(pair.target, pair.drafter).generate(ids, params).token_ids
-    assert next(answers, None) is None  # its loop finished with the same round
+    expected = Engine(pair.target, pair.drafter).generate(ids, params)
+    messages = list(target.rounds("r", ids, params, every))
+    assert [t for m in messages for t in m.tokens] == expected.token_ids
     assert target.active() == []
-    total = sum(sizes)  # the Opened and one Verified a round
-    assert total > 3
+    sizes = [len(m.rounds) for m in messages]
+    total = sum(sizes)
+    assert total == messages[-1].stats.rounds > 2
     assert sizes == ([total] if every == 0 else
                      [every] * (total // every) + ([total % every] if total % every else []))
+    assert messages[-1].stats.committed == len(expected.token_ids)
+    assert [m.finish_reason for m in messages] == [None] * (len(messages) - 1) + [
+        expected.finish_reason]
 
 
-def test_the_answers_of_a_request_run_whole_say_when_they_were_ready(tiny_llama):
-    """``at_s``: each answer's time on the actor from the call's start, in order; the caller
-    times the first token by it when all answers come at the end."""
+def test_the_messages_say_when_their_first_tokens_came(tiny_llama):
+    """``at_s``: when a message's first tokens were committed, from the call's start; the
+    caller times the first token by it when all rounds come in one message."""
     target = TargetActor(tiny_llama["target"], "none", "float64")
     t0 = time.perf_counter()
-    [answers] = list(target.rounds("r", [5, 6, 7, 8], GenerationParams(max_new_tokens=6), 0))
+    messages = list(target.rounds("r", [5, 6, 7, 8], GenerationParams(max_new_tokens=6)))
     wall = time.perf_counter() - t0
-    times = [a.at_s for a in answers]
-    assert len(times) == 7 and times == sorted(times) and 0 < times[0] and times[-1] <= wall
+    times = [m.at_s for m in messages]
+    assert len(times) == 6 and times == sorted(times) and 0 < times[0] and times[-1] <= wall
     with pytest.raises(ValueError, match="every"):
         next(target.rounds("r2", [5, 6], GenerationParams(), -1))
 
 
-def test_closing_a_request_ends_its_rounds_quietly(tiny_llama):
-    """The caller's program finished first (a stop string) or its client left: the close ends
-    the target's loop of the request mid-way, with no error, and frees it."""
-    target = TargetActor(tiny_llama["target"], "none", "float64")
-    answers = target.rounds("r", [5, 6, 7, 8, 9], GenerationParams(max_new_tokens=500))
-    next(answers), next(answers)  # opened, one round: 500 rounds take far longer
+@pytest.mark.parametrize("placement", ["none", "actor"])
+def test_closing_a_request_ends_its_rounds_quietly(tiny_llama, placement):
+    """The caller cut the output at a stop string or its client left: the close ends the
+    target's loop of the request mid-way, with no error, and frees it (on the drafter actor
+    too)."""
+    if placement == "actor":
+        target, drafter = with_drafter(tiny_llama["target"], tiny_llama["block-drafter"])
+    else:
+        target, drafter = TargetActor(tiny_llama["target"], "none", "float64"), None
+    messages = target.rounds("r", [5, 6, 7, 8, 9], GenerationParams(max_new_tokens=500))
+    next(messages), next(messages)  # two rounds: 500 take far longer
     target.close("r")
-    assert len(list(answers)) < 400  # what was answered before the close, then the end
-    assert target.active() == []
+    assert len(list(messages)) < 400  # what was committed before the close, then the end
+    assert target.active() == [] and (drafter is None or drafter.active() == [])
+
+
+def test_a_restarted_target_frees_what_its_drafter_actor_held(tiny_llama):
+    """Ray restarts a crashed target by constructing it again: the requests of the lost process
+    cannot go on, so their state in the drafter actor is freed at once, not at the reaper's
+    next pass."""
+    drafter = DrafterActor("ngram", tiny_llama["target"], dtype="float64")
+    drafter.open("lost", [1, 2, 3], None, GenerationParams())
+    assert drafter.active() == ["lost"]
+    TargetActor(tiny_llama["target"], "ngram", "float64", drafter=drafter)
+    assert drafter.active() == []
 
 
 def test_an_error_in_a_request_run_whole_reaches_the_caller(tiny_llama):
@@ -153,15 +127,19 @@ def test_an_error_in_a_request_run_whole_reaches_the_caller(tiny_llama):
     with pytest.raises(PoolFull):
         next(target.rounds("b", [4, 5], GenerationParams()))
     assert target.active() == ["a"]
+    # with a drafter actor: the drafter never opened it
+    target, drafter = with_drafter(tiny_llama["target"], tiny_llama["block-drafter"], kv_slots=1)
+    target.open("a", [1, 2, 3], GenerationParams())
+    with pytest.raises(PoolFull):
+        next(target.rounds("b", [4, 5], GenerationParams()))
+    assert target.active() == ["a"] and drafter.active() == []
 
 
 def test_model_work_runs_on_each_actors_scheduler_thread(tiny_llama):
     # one model thread per actor (actors.scheduler): opens, steps, commits and drafts alike
     import threading
 
-    ref = tiny_llama["block-drafter"]
-    target = TargetActor(tiny_llama["target"], ref, "float64")
-    drafter = DrafterActor(ref, tiny_llama["target"], dtype="float64")
+    target, drafter = with_drafter(tiny_llama["target"], tiny_llama["block-drafter"])
     seen: dict[str, set] = {"target": set(), "drafter": set()}
 
     def record(side: str, obj, name: str) -> None:
@@ -177,7 +155,7 @@ def test_model_work_runs_on_each_actors_scheduler_thread(tiny_llama):
     for name in ("open", "commit_batch", "draft_batch"):
         record("drafter", drafter.worker, name)
     ids = target.worker.target_model.tokenizer("abc abc abc")["input_ids"]
-    assert run_rounds(target, drafter, ids, GenerationParams(max_new_tokens=12))
+    assert run_rounds(target, ids, GenerationParams(max_new_tokens=12))
     assert seen == {"target": {target.scheduler.thread}, "drafter": {drafter.scheduler.thread}}
 
 
@@ -243,9 +221,10 @@ def test_a_restarted_suffix_drafter_starts_from_the_offline_index(tiny_llama, tm
     index = SuffixIndex(((5, 6, 7, 8), (9, 10, 11)), "tiny", pair.target.vocab_size)
     suffix = {"index": str(index.save(tmp_path / "index")), "online": True}
     args = ("suffix", tiny_llama["target"], None, "float64", 1, 600.0, "cpu", suffix)
-    target, drafter = TargetActor(tiny_llama["target"], "suffix", "float64"), DrafterActor(*args)
+    drafter = DrafterActor(*args)
+    target = TargetActor(tiny_llama["target"], "suffix", "float64", drafter=drafter)
     assert drafter.worker.draft_model.cached_responses == 2
     ids = pair.target.tokenizer("abc abc abc abc")["input_ids"]
-    run_rounds(target, drafter, ids, GenerationParams(max_new_tokens=12))
+    run_rounds(target, ids, GenerationParams(max_new_tokens=12))
     assert drafter.worker.draft_model.cached_responses == 3  # the served output joined online
     assert DrafterActor(*args).worker.draft_model.cached_responses == 2  # the restart

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from actors.drafter import DrafterActor
 from actors.goodput import Goodput, StepCost
 from actors.scheduler import BatchingConfig, Closed
 from actors.target import TargetActor
@@ -20,7 +19,7 @@ from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.engine.workers import Draft
 from specdec.runtime import PoolFull
 from specdec.runtime.batch import SHORT
-from tests.actors.test_actors import run_rounds
+from tests.actors.test_actors import run_rounds, with_drafter
 
 TEXTS = ["abc abc abc abc", "the cat sat on the mat and the cat sat", "x", "hello hello hello",
          "one two three four five six seven eight nine ten eleven twelve", "zz zz"]
@@ -33,11 +32,9 @@ def pair(tiny_llama):
 
 
 def actors(tiny_llama, **batching):
-    ref = tiny_llama["block-drafter"]
-    config = {**WAIT, **batching}
-    target = TargetActor(tiny_llama["target"], ref, "float64", kv_slots=8, batching=config)
-    drafter = DrafterActor(ref, tiny_llama["target"], dtype="float64", batching=config)
-    return target, drafter
+    """A target that calls its drafter actor (the block drafter)."""
+    return with_drafter(tiny_llama["target"], tiny_llama["block-drafter"], kv_slots=8,
+                        batching={**WAIT, **batching})
 
 
 def local_actors(tiny_llama, drafter: str = "ngram", **batching):
@@ -47,14 +44,14 @@ def local_actors(tiny_llama, drafter: str = "ngram", **batching):
     return target, None
 
 
-def concurrently(target, drafter, jobs: dict, stagger_s: float = 0.0):
+def concurrently(target, jobs: dict, stagger_s: float = 0.0):
     """Run each job (prompt ids, params) as its own request thread; per request id its tokens
     (or the exception it raised) and the steps it ran in."""
     out, steps = {}, {rid: [] for rid in jobs}
 
     def one(rid, ids, params):
         try:
-            out[rid] = run_rounds(target, drafter, ids, params, rid, steps[rid])
+            out[rid] = run_rounds(target, ids, params, rid, steps[rid])
         except Exception as e:  # noqa: BLE001 -- the test inspects it
             out[rid] = e
 
@@ -88,7 +85,7 @@ def test_batched_requests_get_their_tokens_alone(tiny_llama, pair, verify, place
     jobs = {f"r{i}": (tok(text)["input_ids"],
                       GenerationParams(max_new_tokens=20 + 3 * i, spec=SETTINGS[verify]))
             for i, text in enumerate(TEXTS)}
-    out, steps = concurrently(target, drafter, jobs, stagger_s=0.01)  # later ones join mid-flight
+    out, steps = concurrently(target, jobs, stagger_s=0.01)  # later ones join mid-flight
     for rid, (ids, params) in jobs.items():
         assert out[rid] == engine.generate(ids, params).token_ids, rid
     assert max(s.batch for ss in steps.values() for s in ss) > 1, "nothing was batched"
@@ -100,7 +97,7 @@ def test_batching_off_runs_one_request_a_step(tiny_llama, pair):
     tok = pair.target.tokenizer
     jobs = {f"r{i}": (tok(t)["input_ids"], GenerationParams(max_new_tokens=12))
             for i, t in enumerate(TEXTS[:3])}
-    out, steps = concurrently(target, drafter, jobs)
+    out, steps = concurrently(target, jobs)
     engine = Engine(pair.target, pair.drafter)
     assert all(out[rid] == engine.generate(*jobs[rid]).token_ids for rid in jobs)
     assert {s.batch for ss in steps.values() for s in ss} == {1}
@@ -114,7 +111,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_requests(tiny_llama
     assert len(long) > 4 * budget
     jobs = {"running": (tok(TEXTS[0])["input_ids"], GenerationParams(max_new_tokens=40)),
             "long": (long, GenerationParams(max_new_tokens=10))}
-    out, steps = concurrently(target, drafter, jobs, stagger_s=0.05)
+    out, steps = concurrently(target, jobs, stagger_s=0.05)
     engine = Engine(pair.target, pair.drafter)
     for rid, job in jobs.items():
         assert out[rid] == engine.generate(*job).token_ids, rid
@@ -131,12 +128,11 @@ def test_a_close_frees_the_request_at_once_and_spares_the_others(tiny_llama, pai
         deadline = time.monotonic() + 60
         while "r1" not in drafter.active() and time.monotonic() < deadline:
             time.sleep(0.001)
-        target.close("r1")
-        drafter.close("r1")
+        target.close("r1")  # and on its drafter actor
 
     closer = threading.Thread(target=close_r1_once_drafting)
     closer.start()
-    out, _ = concurrently(target, drafter, jobs)
+    out, _ = concurrently(target, jobs)
     closer.join()
     assert isinstance(out["r1"], (Closed, LookupError)), out["r1"]
     engine = Engine(pair.target, pair.drafter)
@@ -243,7 +239,7 @@ def test_a_target_fitting_drafts_to_its_goodput_cuts_them_and_keeps_every_token(
     budgeted = SpecSettings(policy="fixed", gamma=6, verify="asd", asd_budget=2.0)
     jobs = {f"r{i}": (tok(text)["input_ids"], GenerationParams(
         max_new_tokens=24, spec=budgeted if i == 1 else exact)) for i, text in enumerate(TEXTS)}
-    out, _ = concurrently(target, None, jobs)
+    out, _ = concurrently(target, jobs)
     for rid, (ids, params) in jobs.items():
         assert out[rid] == engine.generate(ids, params).token_ids, rid
     cuts = [(b, a) for b, a in fitted if a != b]

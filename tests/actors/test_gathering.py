@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from actors.scheduler import BatchingConfig, BatchLoop, DraftScheduler, TargetScheduler, Work
+from actors.scheduler import (
+    BatchingConfig,
+    BatchLoop,
+    DraftScheduler,
+    Prefill,
+    TargetScheduler,
+    Verify,
+    Work,
+)
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest
@@ -49,11 +57,11 @@ def second_steps(config: BatchingConfig, late_s: float) -> tuple[int, int]:
     ``late_s`` later. Returns the step index each one's second item ran in."""
     loop = Sleeper(config)
     try:
-        first = [loop.submit(rid, None) for rid in ("a", "b")]
+        first = [loop.submit(Work(rid)) for rid in ("a", "b")]
         assert {f.result(5).value for f in first} == {1}  # both running now
-        a = loop.submit("a", None)
+        a = loop.submit(Work("a"))
         time.sleep(late_s)
-        b = loop.submit("b", None)
+        b = loop.submit(Work("b"))
         return a.result(5).value, b.result(5).value
     finally:
         loop.stop()
@@ -82,13 +90,13 @@ def test_work_queued_during_a_step_waits_for_the_requests_of_that_step():
     # the step's end: b, back 40 ms later, joins a in step 3 (the groups do not take turns).
     loop = Sleeper(BatchingConfig(gather_s=0.001, gather_share=0.5))
     try:
-        assert {f.result(5).value for f in [loop.submit(r, None) for r in ("a", "b")]} == {1}
-        b = loop.submit("b", None)
+        assert {f.result(5).value for f in [loop.submit(Work(r)) for r in ("a", "b")]} == {1}
+        b = loop.submit(Work("b"))
         time.sleep(0.15)  # b's window (100 ms) passes; step 2 runs until ~300 ms
-        a = loop.submit("a", None)
+        a = loop.submit(Work("a"))
         assert b.result(5).value == 2
         time.sleep(0.04)
-        b = loop.submit("b", None)
+        b = loop.submit(Work("b"))
         assert a.result(5).value == b.result(5).value == 3
     finally:
         loop.stop()
@@ -116,7 +124,7 @@ def test_the_worker_is_built_and_every_step_runs_on_the_scheduler_thread():
 
     loop = Recorded(BatchingConfig(), build)
     try:
-        assert loop.submit("a", None).result(5).value == 1
+        assert loop.submit(Work("a")).result(5).value == 1
         assert seen == [loop.thread, loop.thread]
     finally:
         loop.stop()
@@ -152,8 +160,8 @@ def test_prompts_are_cut_at_fixed_points_whatever_else_a_step_holds():
     # run only if the chunks are the same)
     loop = TargetScheduler(Slots, BatchingConfig(token_budget=8))
     try:
-        prompt = Work("p", OpenRequest(list(range(20)), GenerationParams()))
-        verify = Work("v", Draft([1, 2, 3], None))
+        prompt = Prefill("p", OpenRequest(list(range(20)), GenerationParams()))
+        verify = Verify("v", Draft([1, 2, 3], None))
         assert [(w.rid, n) for w, n in loop.plan([verify, prompt])] == [("v", 4)]
         assert [(w.rid, n) for w, n in loop.plan([prompt, verify])] == [("p", 8)]
         chunks = []

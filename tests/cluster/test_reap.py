@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
+from actors.drafter import DrafterActor
 from actors.target import TargetActor
 from cluster.app import actor_class, actor_options
 from cluster.orchestrator import Orchestrator, control
@@ -47,12 +49,37 @@ def test_reap_frees_orphans_only(target):
 
     for rid in ("orphan", "running"):
         ray.get(target.open.remote(rid, [1, 2, 3], GenerationParams()))
-    orchestrator = Orchestrator(target, None, frozenset())
+    orchestrator = Orchestrator(target)
     orchestrator.live.add("running")  # as if its loop were mid-round
     assert asyncio.run(orchestrator.reap()) == ["orphan"]
     assert ray.get(target.active.remote()) == ["running"]  # the close ran before this call
     assert asyncio.run(orchestrator.reap()) == []
     ray.get(target.close.remote("running"))
+
+
+def test_reap_frees_an_orphan_of_the_drafter_actor_through_the_target(ray_cluster, tiny_llama):
+    """State left in the drafter actor alone: the replica reads it there, and its close goes
+    to the target, which closes the request on its drafter actor."""
+    import ray
+
+    from cluster.app import RemoteDrafter
+
+    options = actor_options(Resources(num_cpus=0), ServeArgs(target=tiny_llama["target"]))
+    drafter = actor_class(DrafterActor).options(**options).remote("ngram", tiny_llama["target"])
+    target = actor_class(TargetActor).options(**options).remote(
+        tiny_llama["target"], "ngram", "float64", drafter=RemoteDrafter(drafter))
+    try:
+        ray.get(target.info.remote())  # started: it frees what the drafter held before
+        ray.get(drafter.open.remote("orphan", [1, 2, 3], None, GenerationParams()))
+        orchestrator = Orchestrator(target, drafter)
+        assert asyncio.run(orchestrator.reap()) == ["orphan"]
+        deadline = time.monotonic() + 60
+        while ray.get(control(drafter.active).remote()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ray.get(control(drafter.active).remote()) == []
+    finally:
+        ray.kill(target)
+        ray.kill(drafter)
 
 
 def test_state_reads_do_not_wait_behind_model_calls(target):
