@@ -43,7 +43,7 @@ def runtime_env(args: ServeArgs) -> dict:
     env = omp_env(args.omp_wait_policy)
     if args.mlflow_tracking_uri is not None:
         env["MLFLOW_TRACKING_URI"] = args.mlflow_tracking_uri
-    return {"env_vars": env}
+    return {"env_vars": env} if env else {}
 
 
 def actor_options(resources: Resources, args: ServeArgs, bundle: int | None = None) -> dict:

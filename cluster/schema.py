@@ -152,8 +152,8 @@ class ServeArgs(Strict):
     # memory allows for limits.kv_slots slots, at most the model's context
     max_model_len: PositiveInt | None = None
     # how OpenMP's threads wait between parallel regions, in every process of the app (the
-    # actors' and the replica's runtime_env: OMP_WAIT_POLICY); auto: passive, or what the
-    # environment's OMP_WAIT_POLICY says
+    # actors' and the replica's runtime_env: OMP_WAIT_POLICY); auto: libgomp's default, or what
+    # the environment's OMP_WAIT_POLICY says
     omp_wait_policy: Literal[WAIT_POLICIES] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()

@@ -73,7 +73,7 @@ def add_runtime(g) -> None:
     r.add_argument("--threads", type=int, default=None,
                    help="torch's threads (default: the CPUs this process may use)")
     r.add_argument("--omp-wait-policy", default="auto", choices=WAIT_POLICIES,
-                   help="how OpenMP's threads wait between parallel regions (auto: passive)")
+                   help="how OpenMP's threads wait between parallel regions (auto: libgomp's default)")
 
 
 def runtime_knobs(args) -> dict:

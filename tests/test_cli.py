@@ -92,14 +92,16 @@ def test_suffix_index_without_a_suffix_drafter_is_an_error(tiny_llama, capsys):
 
 
 def test_generate_starts_again_with_the_plans_openmp_variables_and_threads(tiny_llama):
-    """The program, not in-process: started without OMP_WAIT_POLICY, it runs in a process
-    started with the plan's (OpenMP reads it only when torch loads), on the CPUs it may use."""
+    """The program, not in-process: started without OMP_WAIT_POLICY and asked for passive, it
+    runs in a process started with it (OpenMP reads it only when torch loads), on the CPUs it
+    may use."""
     from specdec.runtime.plan import usable_cpus
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     run = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "--target",
                           tiny_llama["target"], "--dtype", "float64", "--max-new-tokens", "2",
-                          "--prompt", "a", "--json"], env=env, capture_output=True, text=True,
+                          "--prompt", "a", "--omp-wait-policy", "passive", "--json"], env=env,
+                         capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr
     plan = json.loads(run.stdout)["plan"]

@@ -19,9 +19,10 @@ whose backend is torch never imports the x86 package.
 
 Threads and waiting (any backend): ``threads`` is torch's intra-op thread count (default: the
 CPUs this process may use, ``usable_cpus``); ``omp_wait_policy`` is how OpenMP's threads wait at
-the end of a parallel region: ``passive`` (they sleep at once) or ``active`` (they spin).
-libgomp, torch's OpenMP, reads ``OMP_WAIT_POLICY`` once, when it loads with torch, so setting it
-later in a process changes nothing: the plan decides, and a process applies it by starting with
+the end of a parallel region: ``default`` (libgomp's own: they spin a short while, then sleep),
+``passive`` (they sleep at once) or ``active`` (they spin until the next region). libgomp,
+torch's OpenMP, reads ``OMP_WAIT_POLICY`` once, when it loads with torch, so setting it later in
+a process changes nothing: the plan decides, and a process applies it by starting with
 ``omp_env``'s variables (the served app puts them in its actors' ``runtime_env``; ``specdec
 generate`` starts itself again with them; a program that runs the engine in-process sets them
 before it imports torch). A variable the user set is respected, and the plan says so.
@@ -49,7 +50,7 @@ DTYPE_NAMES = (*sorted(DTYPES), "auto")
 LINEARS = ("auto", "torch", "onednn", "panels", "quantized", "int8")
 ATTENTIONS = ("auto", "sdpa", "kernel", "grouped", "per_query")
 KV_CACHE_DTYPES = ("auto", "model", "float16")
-WAIT_POLICIES = ("auto", "active", "passive")
+WAIT_POLICIES = ("auto", "default", "active", "passive")
 CGROUP = Path("/sys/fs/cgroup")  # a container's own cgroup (a Kubernetes pod's CPU limit)
 ISAS = ("auto", "avx512", "avx2")  # the instruction sets specdec's x86 kernels are built for
 ROUND_LEN = 256  # an automatic max_model_len is a multiple of this
@@ -76,7 +77,7 @@ class RuntimeConfig:
     max_model_len: int | None = None  # positions a KV slot holds; None: what memory allows
     slots: int = 8  # KV slots: requests held at once
     threads: int | None = None  # torch's intra-op threads; None: the CPUs this process may use
-    omp_wait_policy: str = "auto"  # how OpenMP's threads wait: passive, active, or auto
+    omp_wait_policy: str = "auto"  # how OpenMP's threads wait: default, passive, active, or auto
     # x86: the instruction set specdec's kernels run on: avx512 (all of them), avx2 (the int8
     # linear's AVX2 build only, as on a CPU without AVX-512), or auto (the CPU's)
     isa: str = "auto"
@@ -130,7 +131,7 @@ class Plan:
     slots: int
     memory: Memory
     threads: int  # torch's intra-op threads
-    omp_wait_policy: str  # passive | active: how OpenMP's threads wait between parallel regions
+    omp_wait_policy: str  # default | passive | active: how OpenMP's threads wait between regions
     reasons: tuple[str, ...] = ()  # how each auto was decided
     isa: str = ""  # x86: the instruction set its kernels run on (avx512 | avx2 | none); else ""
 
@@ -380,11 +381,12 @@ def pick_threads(asked: int | None, reasons: list) -> int:
 
 def pick_wait_policy(asked: str, environ: Mapping[str, str] | None, reasons: list) -> str:
     """``$OMP_WAIT_POLICY`` when the environment sets it (libgomp has read it: an asked policy
-    that differs is an error); else auto is passive. A waiting thread that spins keeps its core
-    from whatever else runs there -- the replica, Ray's processes, another request's work --
-    and when that neighbour holds the core the other threads stall at the barrier; one that
-    sleeps gives the core back, for a wake-up each region costs alone. On a GPU the passes
-    run there and OpenMP only runs the host's small steps: the policy matters little."""
+    that differs is an error); else auto is libgomp's default, chosen by measurement
+    (docs/RESULTS.md#runtime): sleeping at once costs a wake-up every parallel region, which
+    made a decode pass several times slower alone, and spinning without end holds the cores
+    while the actor idles; beside a busy process no policy kept two threads' speed. On a GPU
+    the passes run there and OpenMP only runs the host's small steps: the policy matters
+    little."""
     environ = os.environ if environ is None else environ
     given = environ.get("OMP_WAIT_POLICY")
     if given:
@@ -398,18 +400,21 @@ def pick_wait_policy(asked: str, environ: Mapping[str, str] | None, reasons: lis
                             f"it, or omp_wait_policy: auto or {value}")
         reasons.append(f"omp_wait_policy: {value}, as the environment's OMP_WAIT_POLICY says")
     elif asked == "auto":
-        reasons.append("omp_wait_policy auto: passive, so a busy neighbour does not stall the "
-                       "passes; it runs in a process started with OMP_WAIT_POLICY=PASSIVE")
+        reasons.append("omp_wait_policy auto: default, libgomp's own (spin a while, then sleep): "
+                       "the fastest alone by measurement")
     if environ.get("GOMP_SPINCOUNT"):
         reasons.append(f"GOMP_SPINCOUNT={environ['GOMP_SPINCOUNT']} in the environment: OpenMP's "
                        f"threads spin that long before they sleep, whatever the policy")
-    return value if given else "passive" if asked == "auto" else asked
+    return value if given else "default" if asked == "auto" else asked
 
 
 def omp_env(asked: str = "auto", environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment variables a process must start with for the wait policy ``asked``
     (``RuntimeConfig.omp_wait_policy``) to run: libgomp reads them when it loads, before any of
-    torch's code runs. A value the environment already sets is kept as it is."""
+    torch's code runs. A value the environment already sets is kept as it is; libgomp's
+    default needs none."""
     environ = os.environ if environ is None else environ
     policy = pick_wait_policy(asked, environ, [])
-    return {"OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY") or policy.upper()}
+    if environ.get("OMP_WAIT_POLICY"):
+        return {"OMP_WAIT_POLICY": environ["OMP_WAIT_POLICY"]}
+    return {} if policy == "default" else {"OMP_WAIT_POLICY": policy.upper()}

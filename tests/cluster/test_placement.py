@@ -90,7 +90,9 @@ def test_every_process_of_the_app_starts_with_the_wait_policy_and_the_mlflow_sto
     """OpenMP reads OMP_WAIT_POLICY when torch loads, so the actors and the replica get it in
     their runtime_env; one the environment sets is kept; one it contradicts is an error."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert runtime_env(args()) == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    assert runtime_env(args()) == {}  # libgomp's default: nothing to set
+    assert runtime_env(args(omp_wait_policy="passive")) == {
+        "env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
     env = actor_options(Resources(), args(omp_wait_policy="active", mlflow_tracking_uri="x"))
     assert env["runtime_env"] == {"env_vars": {"OMP_WAIT_POLICY": "ACTIVE",
                                                "MLFLOW_TRACKING_URI": "x"}}

@@ -179,7 +179,7 @@ def test_the_plan_resolves_threads_and_shows_them():
     knobs = dict(device="cpu", dtype="float64", backend="torch", max_model_len=64)
     plan = resolve_plan(RuntimeConfig(threads=3, **knobs), LlamaConfig(**COMMON), environ={})
     assert plan.threads == 3 and plan.to_dict()["threads"] == 3
-    assert "3 torch threads, OpenMP wait policy passive" in plan.describe()
+    assert "3 torch threads, OpenMP wait policy default" in plan.describe()
     auto = resolve_plan(RuntimeConfig(**knobs), LlamaConfig(**COMMON), environ={})
     assert auto.threads == usable_cpus()[0]
     assert any(r.startswith(f"threads auto: {auto.threads}") for r in auto.reasons)
@@ -189,13 +189,14 @@ def test_the_plan_resolves_threads_and_shows_them():
 
 
 @pytest.mark.parametrize("asked,environ,policy,said", [
-    ("auto", {}, "passive", "omp_wait_policy auto: passive"),
+    ("auto", {}, "default", "omp_wait_policy auto: default"),
     ("active", {}, "active", None),
+    ("passive", {}, "passive", None),
     ("auto", {"OMP_WAIT_POLICY": "ACTIVE"}, "active", "as the environment's OMP_WAIT_POLICY"),
     ("passive", {"OMP_WAIT_POLICY": "passive"}, "passive", "as the environment's"),
-    ("auto", {"GOMP_SPINCOUNT": "1000"}, "passive", "GOMP_SPINCOUNT=1000 in the environment"),
+    ("auto", {"GOMP_SPINCOUNT": "1000"}, "default", "GOMP_SPINCOUNT=1000 in the environment"),
 ])
-def test_the_wait_policy_is_the_environments_when_it_sets_one_else_auto_is_passive(
+def test_the_wait_policy_is_the_environments_when_it_sets_one_else_auto_is_the_default(
         asked, environ, policy, said):
     from specdec.runtime.plan import omp_env
 
@@ -206,7 +207,7 @@ def test_the_wait_policy_is_the_environments_when_it_sets_one_else_auto_is_passi
     assert said is None or any(said in r for r in plan.reasons)
     # what a process of this plan starts with: the environment's own value, kept as it is
     value = environ.get("OMP_WAIT_POLICY") or policy.upper()
-    assert omp_env(asked, environ) == {"OMP_WAIT_POLICY": value}
+    assert omp_env(asked, environ) == ({} if value == "DEFAULT" else {"OMP_WAIT_POLICY": value})
 
 
 def test_a_wait_policy_the_environment_contradicts_or_a_bad_one_is_an_error_naming_it():
