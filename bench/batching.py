@@ -337,7 +337,7 @@ def goals(summary: dict, refs: dict[str, str] | None = None, peers=(), plain=())
             for c in (1, 8):
                 if g := ratio(summary, name, peer, c, goal):
                     out[f"{name}_c{c}_over_{peer}_c{c}"] = g
-    if g := ratio(summary, "sd", "sd_engine", 1, 0.9):
+    if g := ratio(summary, "sd", "sd_engine", 1, 0.95):
         out["sd_served_c1_over_engine"] = g
     for g in out.values():
         g["met"] = bool(g["value"] <= g["goal"] if g.get("lower_is_better")

@@ -48,7 +48,7 @@ def test_the_served_path_is_measured_against_the_in_process_engine_and_a_peer(tm
     assert peer_goal["goal"] == 1.0 and peer_goal["met"] == (peer_goal["value"] >= 1.0)
     assert "ar_c1_over_peer_c1" in result["goals"] and "sd_c8_over_peer_c8" not in result["goals"]
     goal = result["goals"]["sd_served_c1_over_engine"]
-    assert goal["value"] > 0 and goal["met"] == (goal["value"] >= 0.9)
+    assert goal["value"] > 0 and goal["met"] == (goal["value"] >= 0.95)
     assert result["meta"]["prompts"] == len(PROMPTS)
     assert (out / "concurrency.png").stat().st_size > 1000
     md = (out / "result.md").read_text()
