@@ -186,7 +186,17 @@ def test_speculation_on_avx2_int8_commits_plain_decodings_tokens(tiny_llama):
 def test_the_default_target_on_isa_avx2_runs_int8_and_a_verify_is_its_decodes():
     """SmolLM2-135M (its GGUF's blocks beside it) with ``isa: avx2``, as on a CPU without
     AVX-512: every projection and the lm_head on the AVX2 int8 kernel, and a verify of 8 tokens
-    gives bitwise the logits of the 8 decodes one by one (batch invariant)."""
+    gives bitwise the logits of the 8 decodes one by one (batch invariant), on two threads as
+    served (SDPA on two threads was not: the invariant attention runs on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check_a_verify_is_its_decodes()
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_a_verify_is_its_decodes():
     from specdec.engine.loading import load_target
 
     target = load_target("smollm2-135m", dtype="auto", kv_slots=2, isa="avx2")

@@ -4,8 +4,8 @@
   (``ATTENTION_COST``); only how rows are grouped follows it, never what a token computes.
 - ``KernelAttention``: specdec's float32 kernel (``attend``): every short row reads its slot in
   place, unpadded, from one table; each token's result is its result alone (batch invariant).
-- ``InvariantAttention``: grouped or per-query SDPA over whole key blocks (``invariance``), for
-  passes made batch invariant by pieces (bfloat16).
+- ``InvariantAttention``: grouped or per-query SDPA over whole key blocks, on one thread
+  (``invariance``), for passes made batch invariant without the kernel (bfloat16, AVX2).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from specdec.runtime.backend import Attention
 from specdec.runtime.x86 import attend
-from specdec.runtime.x86.invariance import INVARIANTS, KEY_BLOCK
+from specdec.runtime.x86.invariance import INVARIANTS, KEY_BLOCK, one_thread
 
 # SDPA's time for one group, in microseconds, as 1, B, B*T, B*C and B*T*C weigh in it (B rows,
 # T queries and C keys each, padded): a least-squares fit of the grouped attention over B 1-8,
@@ -47,4 +47,5 @@ class InvariantAttention(FittedSdpa):
         return self.way.mask(mask, kv_heads, per_kv, dtype)
 
     def attend(self, queries, keys, values, mask, scale):
-        return self.way.attend(queries, keys, values, mask, scale)
+        with one_thread():  # as the probe ran it (``invariance``)
+            return self.way.attend(queries, keys, values, mask, scale)

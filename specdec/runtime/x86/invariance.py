@@ -14,18 +14,33 @@ out: they add exact zeros):
   g, 1, d]`` against its ``[B, kvh, C, d]`` keys, which GQA maps back. Invariant wherever it was
   tried, at the price of a kernel call per query (docs/RESULTS.md).
 
-The probes decide at load; the plan says which ran (``specdec.runtime.plan``).
+Both run on one thread (``one_thread``): SDPA's CPU kernel shares a call's work among the
+threads it has, and with two a query's result moved with the rest of its call where one thread
+gave it bitwise (the probe, 30 trials at SmolLM2's heads). The probes decide at load; the plan
+says which ran (``specdec.runtime.plan``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 KEY_BLOCK = 64  # batch-invariant attention reads keys in whole blocks of this many
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads at 1 for the block, then back as they were."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 INVARIANT_ROWS = 32  # the most rows a batch-invariant linear is tried on at once
 
 
@@ -158,7 +173,7 @@ def attention_invariant(kind: str, heads: int, kv_heads: int, head_dim: int, dty
                     return False
         return True
 
-    with torch.inference_mode():
+    with torch.inference_mode(), one_thread():
         for _ in range(trials):
             B = draw(8)
             lengths = torch.randint(0, 768, (B,), generator=gen).tolist()
