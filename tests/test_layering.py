@@ -7,9 +7,8 @@
 
 Inside ``pipelines/`` the helpers (``pipelines/common/``) never import a job, a job imports no
 other job (the job table and the chain runner aside), and the benchmarks import only those
-helpers, never a job, except the GPU check, which runs the trainers' own steps on the device
-(``TRAINER_STEPS``). Checked on the source with ast, so a lazy
-import inside a function counts too.
+helpers, never a job, except the GPU check, which runs the jobs' own steps on the device
+(``JOB_STEPS``). Checked on the source with ast, so a lazy import inside a function counts too.
 """
 
 from __future__ import annotations
@@ -98,15 +97,16 @@ def test_a_job_imports_no_other_job():
     assert crossing == []
 
 
-# The GPU check (bench/gpu_check/) runs 20 steps of each trainer's own code on the device.
-TRAINER_STEPS = {"pipelines.train_drafter", "pipelines.train_preverifier"}
+# The GPU check (bench/gpu_check/) runs the jobs' own steps on the device: 20 steps of each
+# trainer's code and the responses job's greedy generation.
+JOB_STEPS = {"pipelines.train_drafter", "pipelines.train_preverifier", "pipelines.responses"}
 
 
 def test_benchmarks_import_job_helpers_not_jobs():
     jobs = pipeline_jobs()
     found = [(f, n & jobs) for f, n in imported_modules("bench").items() if n & jobs]
     assert [f for f, names in found
-            if not (f.startswith("bench/gpu_check/") and names <= TRAINER_STEPS)] == []
+            if not (f.startswith("bench/gpu_check/") and names <= JOB_STEPS)] == []
 
 
 def test_the_checks_see_a_lazy_crossing(tmp_path):
