@@ -437,8 +437,9 @@ def train_loop(loop_cfg: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = get_device() if cfg.scaling.use_gpu else torch.device("cpu")
     start_dir = ckpt.restore(cfg.output(), loop_cfg["run_id"], cfg.resume)
+    # num_workers 0: the driver holds every shard and reads them itself (``setup``)
     loop = setup(cfg, start_dir, loop_cfg.get("init_dir"), rank, world, device,
-                 worker_data(cfg, rank, world))
+                 worker_data(cfg, rank, world) if cfg.scaling.num_workers > 0 else None)
     client = mlflow.MlflowClient(loop_cfg["tracking_uri"]) if rank == 0 else None
     if start_dir and loop.start >= cfg.steps:  # resumed a finished run: hand back its checkpoint
         ray.train.report({"step": loop.start}, checkpoint=ray.train.Checkpoint.from_directory(
@@ -583,7 +584,8 @@ def fit(cfg: TrainDrafterConfig, run, init_dir: str | None, held: set[str], trac
                            "tracking_uri": tracking, "init_dir": init_dir},
         scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                      resources_per_worker=s.worker_resources()),
-        datasets=datasets(cfg, held), dataset_config=OwnedShards(cfg.shards()),
+        datasets=datasets(cfg, held) if s.num_workers > 0 else None,
+        dataset_config=OwnedShards(cfg.shards()),
         run_config=RunConfig(name=f"train_drafter-{run.info.run_id[:8]}",
                              storage_path=str((cfg.output() / "ray").absolute()),
                              failure_config=FailureConfig(max_failures=s.max_failures)),

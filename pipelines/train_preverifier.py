@@ -115,6 +115,18 @@ def keep_split(table: pa.Table, percent: float, held: bool) -> pa.Table:
     return table.filter(mask)
 
 
+def rows_here(cfg: TrainPreVerifierConfig) -> tuple[pa.Table, pa.Table]:
+    """(the training rows this process holds, with their shard; the held-out rows): from Ray
+    Data on a Ray Train worker (``datasets``), read here in the driver (``num_workers: 0``, one
+    process holding every shard: no Ray Data to start)."""
+    if cfg.scaling.num_workers > 0:
+        return held_rows("train", SHARDED), held_rows("heldout", STEPS_SCHEMA)
+    table = read_table(cfg.data, STEPS_SCHEMA, "train_preverifier.data")
+    percent = cfg.heldout_percent
+    train = with_shards(keep_split(table, percent, held=False), "request", cfg.shards())
+    return train, keep_split(table, percent, held=True) if percent else table
+
+
 def datasets(cfg: TrainPreVerifierConfig) -> dict:
     """The trainer's Ray datasets: ``train``, the training rows with their shard (each worker
     receives its own shards': ``OwnedShards``), and ``heldout``, every held-out row (all rows
@@ -159,11 +171,11 @@ def train_loop(loop_cfg: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = loop_device(cfg.scaling, cfg.device)
-    rows, shards = held_rows("train", SHARDED), cfg.shards()
+    (rows, held_table), shards = rows_here(cfg), cfg.shards()
     mine = {s: steps_of(only(rows, range(s, s + 1))) for s in owned(rank, world, shards)}
     packs = {s: pack_steps(steps, cfg.pack_len).to(device) for s, steps in mine.items()}
     sizes = {s: p.hidden.shape[0] for s, p in packs.items()}
-    held_steps = steps_of(held_rows("heldout", STEPS_SCHEMA)) or sum(mine.values(), [])
+    held_steps = steps_of(held_table) or sum(mine.values(), [])
     held = pack_steps(held_steps, cfg.pack_len).to(device)
     m = cfg.model
     torch.manual_seed(cfg.seed)
@@ -283,7 +295,8 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
                                "tracking_uri": tracking_uri(cfg.mlflow)},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=s.worker_resources()),
-            datasets=datasets(cfg), dataset_config=OwnedShards(cfg.shards()),
+            datasets=datasets(cfg) if s.num_workers > 0 else None,
+            dataset_config=OwnedShards(cfg.shards()),
             run_config=RunConfig(name=f"train_preverifier-{run_.info.run_id[:8]}",
                                  storage_path=str((cfg.output() / "ray").absolute()),
                                  failure_config=FailureConfig(max_failures=s.max_failures)),
