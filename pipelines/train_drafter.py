@@ -140,27 +140,27 @@ class Data:
 
 def texts_of(table: pa.Table, cfg: TrainDrafterConfig) -> list[Text]:
     """The usable rows of ``table`` (``usable``) as texts cut to ``max_seq_len``, by id."""
-    table = table.sort_by("id")
-    keep = usable(table, cfg)
+    return [t for t in cut_texts(table.sort_by("id"), cfg) if usable(t)]
+
+
+def cut_texts(table: pa.Table, cfg: TrainDrafterConfig) -> list[Text]:
+    """Every row of ``table`` as a text cut to ``max_seq_len``, in the table's order."""
     starts = table.column("prompt_len").to_pylist()
     return [Text(ids[: cfg.max_seq_len], max(1, starts[i]) if cfg.anchors == "response" else 1)
-            for i, ids in enumerate(table.column("input_ids").to_pylist()) if keep[i]]
-
-
-def usable(table: pa.Table, cfg: TrainDrafterConfig) -> list[bool]:
-    """Whether each row, cut to ``max_seq_len``, has an anchor with a label after it."""
-    starts = table.column("prompt_len").to_pylist()
-    return [min(len(ids), cfg.max_seq_len) - (max(1, starts[i]) if cfg.anchors == "response"
-                                              else 1) >= 2
             for i, ids in enumerate(table.column("input_ids").to_pylist())]
+
+
+def usable(text: Text) -> bool:
+    """Whether ``text`` has an anchor with a label after it."""
+    return len(text.ids) - text.first_anchor >= 2
 
 
 def heldout_ids(table: pa.Table, cfg: TrainDrafterConfig) -> set[str]:
     """The ids of the ``heldout_sequences`` usable rows kept out of training: the first by a
     hash of the seed and the id, so the choice depends on neither the file's order nor the
     workers."""
-    ids = [i for i, ok in zip(table.column("id").to_pylist(), usable(table, cfg), strict=True)
-           if ok]
+    ids = [i for i, t in zip(table.column("id").to_pylist(), cut_texts(table, cfg), strict=True)
+           if usable(t)]
     if not ids:
         raise ValueError(f"corpus {cfg.corpus} has no sequence with an anchor and a label after "
                          f"it (anchors: {cfg.anchors}, max_seq_len: {cfg.max_seq_len})")

@@ -168,14 +168,15 @@ def test_a_model_on_int8_gives_each_request_its_logits_alone_in_a_ragged_batch(f
     assert float((together[0] - exact).abs().max()) < 0.05 * float(exact.abs().max())
 
 
-def quantized_target(tiny_llama, fmt: str = "Q4_1") -> TargetModel:
-    """The tiny Llama in float32, its linears GGUF-quantized, on the int8 linears."""
+def quantized_target(tiny_llama, fmt: str = "Q4_1", **knobs) -> TargetModel:
+    """The tiny Llama in float32, its linears GGUF-quantized, on the int8 linears (``knobs``:
+    the target's other runtime knobs, e.g. ``isa``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama["target"], dtype=torch.float32)
     blocks = quantize_weights(model, fmt)
     return TargetModel(model, AutoTokenizer.from_pretrained(tiny_llama["target"]),
-                       pool_size=4, linears="int8", blocks=blocks)
+                       pool_size=4, linears="int8", blocks=blocks, **knobs)
 
 
 def test_speculation_on_int8_commits_plain_decodings_tokens(tiny_llama):
@@ -183,6 +184,12 @@ def test_speculation_on_int8_commits_plain_decodings_tokens(tiny_llama):
     int8 target: token for token."""
     target = quantized_target(tiny_llama)
     assert target.runtime.w.lm_head.kind == "int8"
+    check_speculation_commits_plain_decodings_tokens(target)
+
+
+def check_speculation_commits_plain_decodings_tokens(target: TargetModel) -> None:
+    """Strict greedy, heuristic and ASD (B = 0) drafts of n-grams commit plain decoding's
+    tokens on ``target``, token for token."""
     plain = Engine(target)
     spec = Engine(target, NgramDrafter(target.vocab_size))
     settings = [SpecSettings(gamma=4), SpecSettings(policy="heuristic", max_draft=8),

@@ -10,16 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.engine.engine import Engine
-from specdec.engine.settings import GenerationParams, SpecSettings
 from specdec.models.gguf_blocks import Blocks
-from specdec.models.ngram import NgramDrafter
-from specdec.models.target import TargetModel
 from specdec.runtime import Row
 from specdec.runtime.x86 import int8
-from tests.conftest import PROMPTS
 from tests.runtime.conftest import forward_of
-from tests.runtime.test_qpanels import FORMATS, case, quantize_weights, quantized_llama
+from tests.runtime.test_int8 import (
+    check_speculation_commits_plain_decodings_tokens,
+    quantized_target,
+)
+from tests.runtime.test_qpanels import FORMATS, case, quantized_llama
 
 pytestmark = pytest.mark.skipif(int8.unavailable("avx2") is not None,
                                 reason=f"int8 kernel (avx2): {int8.unavailable('avx2')}")
@@ -161,26 +160,10 @@ def test_speculation_on_avx2_int8_commits_plain_decodings_tokens(tiny_llama):
     """The tiny Llama target, its linears GGUF-quantized, on the AVX2 int8 rows (``isa:
     avx2``): strict greedy and ASD with B = 0, drafting with n-grams, token for token plain
     decoding's on the same target."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama["target"], dtype=torch.float32)
-    blocks = quantize_weights(model, "Q4_1")
-    target = TargetModel(model, AutoTokenizer.from_pretrained(tiny_llama["target"]),
-                         pool_size=4, linears="int8", blocks=blocks, isa="avx2")
+    target = quantized_target(tiny_llama, isa="avx2")
     assert target.plan.isa == "avx2" and target.plan.batch_invariant
     assert target.runtime.w.lm_head.kind == "int8" and target.runtime.w.lm_head.isa == "avx2"
-    plain = Engine(target)
-    spec = Engine(target, NgramDrafter(target.vocab_size))
-    settings = [SpecSettings(gamma=4), SpecSettings(policy="heuristic", max_draft=8),
-                SpecSettings(gamma=6, verify="asd", asd_budget=0.0, asd_gate=0.5,
-                             asd_max_exceptions=2)]
-    for prompt in PROMPTS:
-        ids = target.tokenizer(prompt)["input_ids"]
-        want = plain.generate(ids, GenerationParams(max_new_tokens=40)).token_ids
-        for s in settings:
-            out = spec.generate(ids, GenerationParams(max_new_tokens=40, spec=s))
-            assert out.token_ids == want, (prompt, s.policy, s.verify)
-        assert len(want) > 0
+    check_speculation_commits_plain_decodings_tokens(target)
 
 
 def test_the_default_target_on_isa_avx2_runs_int8_and_a_verify_is_its_decodes():
