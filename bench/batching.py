@@ -11,7 +11,7 @@ concurrency 1: the outputs the served ones must equal); ``--variant NAME=JSON`` 
 those args changed (dicts merged one level deep; ``"drafter": "none"`` decodes plainly);
 ``--peer NAME=URL`` an OpenAI-compatible server already running, ``--llama-server PATH``
 llama.cpp's server started here on the target's GGUF (peers decode in their own numerics: their
-outputs are not compared). Writes ``result.json``, ``result.md`` and ``concurrency.png``.
+outputs are not compared). Writes ``result.json`` and ``result.md``.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
 """
@@ -423,8 +423,6 @@ def main(argv=None) -> None:
 
 def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: dict,
         peers: dict[str, str], llama: LlamaServer | None) -> None:
-    from bench.plots import concurrency, save
-
     url = start(apps, a.port)
     model = sd.get("model_id") or sd["target"]
     urls = {name: f"{url}/{name}" for name in apps} | peers
@@ -459,7 +457,6 @@ def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: 
                       for (m, c), rs in runs.items() for r in rs]
     md = markdown(result)
     write(Path(a.out), "result", result, md)
-    save(concurrency(result["summary"]), Path(a.out) / "concurrency.png", dpi=120)
     print(md)
 
 

@@ -4,7 +4,7 @@ A ``Method`` is a name and a recipe: our engine (a target and a drafter side, wi
 ``SpecSettings`` fields) or HF ``generate`` (with generation settings). Every model loads once;
 engines share drafters and the one HF target. ``measure`` runs one call at a time, the methods'
 order rotated from prompt to prompt so that drift hits every method alike; each call is timed on
-the wall clock with the process's peak RSS around it (Linux ``/proc``; None elsewhere).
+the wall clock.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ class Record:  # one timed generation
     tokens: list[int]  # generated tokens, the prompt excluded
     seconds: float  # wall time of the call
     stats: object | None  # RequestStats (our engine) or None (HF generate)
-    peak_rss_mb: float | None
 
 
 def method_table(cfg, p: PacerSettings, asd, drafter_block: int = 8,
@@ -281,25 +280,6 @@ def runners(methods: list[Method], models: Models, prompts: list[Prompt] | None 
     return out
 
 
-# ---- peak memory ----------------------------------------------------------------------------
-def reset_peak_rss() -> bool:
-    """Reset the process's peak RSS (VmHWM) on Linux; False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb() -> float | None:
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-
-
 # ---- the measurement ------------------------------------------------------------------------
 def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner],
             max_new_tokens: int, repeats: int, progress: bool = True,
@@ -324,9 +304,7 @@ def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner]
 
 
 def timed_call(runner: Runner, m: Method, prompt: Prompt, repeat: int, n: int) -> Record:
-    reset_peak_rss()
     t0 = time.perf_counter()
     tokens, stats = runner(prompt.ids, n)
-    seconds = time.perf_counter() - t0
-    return Record(m.name, prompt.workload, prompt.id, repeat, tokens, seconds, stats,
-                  peak_rss_mb())
+    return Record(m.name, prompt.workload, prompt.id, repeat, tokens, time.perf_counter() - t0,
+                  stats)

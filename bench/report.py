@@ -95,7 +95,7 @@ def _pct(x) -> str:
 
 
 COLUMNS = ("method | tokens/s | vs ar | mean acc. len | target passes /100 tok | drafter | "
-           "pre-verifier | target | overhead | peak RSS MB | same as ar | target log-lik./tok | "
+           "pre-verifier | target | overhead | same as ar | target log-lik./tok | "
            "regret /req | pass@1 | draft sources (rounds)")
 
 
@@ -104,7 +104,7 @@ def method_row(name: str, m: dict) -> str:
     cells = [name, _num(m["tokens_per_s"]), _num(m.get("ratio_to_ar")),
              _num(m.get("mean_accepted_length")), _num(m.get("target_passes_per_100_tokens"), ".1f"),
              *(_pct(share.get(k)) for k in ("drafter", "preverifier", "target", "overhead")),
-             _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
+             _pct(m["same_as_ar"]),
              _num(m.get("target_log_likelihood"), ".4f"),
              _num(m.get("regret_per_request")) if not m["strict"] else "-",
              _pct(m.get("pass_at_1")), ", ".join(f"{k} {v}" for k, v in mix.items()) if mix else "-"]

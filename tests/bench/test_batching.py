@@ -1,6 +1,6 @@
 """The serving benchmark at concurrency (``bench.batching``) end to end on the tiny pair, in its
 own process (it starts its own Ray): the served SD app returns the in-process engine's tokens at
-every level, and the report holds each level, the goals and the plot. An external
+every level, and the report holds each level and the goals. An external
 OpenAI-compatible server is an arm beside them (a peer such as llama-server): here the tiny app's
 own AR route stands in for it, a real server the harness reaches only through its URL."""
 
@@ -50,7 +50,6 @@ def test_the_served_path_is_measured_against_the_in_process_engine_and_a_peer(tm
     goal = result["goals"]["sd_served_c1_over_engine"]
     assert goal["value"] > 0 and goal["met"] == (goal["value"] >= 0.95)
     assert result["meta"]["prompts"] == len(PROMPTS)
-    assert (out / "concurrency.png").stat().st_size > 1000
     md = (out / "result.md").read_text()
     assert "| sd_engine | 1 |" in md and "| peer | 2 |" in md
     assert "not compared | not compared |" in md and "outputs not compared" in md
