@@ -11,10 +11,26 @@ sweep compares any two ways of running the target:
 - prefills of each prompt length alone;
 
 every arm in turn, so the machine's drift falls on all alike, with the largest logit difference
-between the arms' last outputs. ``bench.ceiling`` prices the served loop on the same timer.
+between the arms' last outputs.
 
     python -m bench.passes --arm 'default={}' --arm 'torch={"linears": "torch"}' \\
         --passes 1x1 8x1 8x4 16x1 --prompts 100 --context 160 --out DIR
+
+``--ceiling N``: what the passes allow the served harness's plain AR on its first ``N`` HumanEval
+prompts, its aggregate tokens/s and p50 latency at ``c`` clients against one, if serving cost
+nothing but the passes (no HTTP, Ray, scheduling or sampling; every step full: read its ratios,
+not its tokens/s, against a served run's). ``decode(c)`` is a pass of ``c`` requests x 1 token
+after ``--context`` cached ones, ``joined(P, c)`` a ``P``-token prefill beside ``c - 1`` decodes
+(a new request joins the running ones' step). With ``n`` prompts and ``T`` new tokens each (the
+prefill makes the first), every prefill runs in a joined step and the other decodes in full steps:
+
+    time(c) = sum_i joined(P_i, c) + (n (T - 1) - n (c - 1)) / c * decode(c)
+    latency(c) = joined(P, c) + (T - 1) decode(c) + (c - 1) (joined(P, c) - decode(c))
+
+(a request's latency: its own joined step, its decodes, and each other client's prefill joining
+one of its steps; ``P`` the median prompt). The aggregate ratio is ``time(1) / time(c)``.
+
+    python -m bench.passes --ceiling 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 5 --out DIR
 
 ``--neighbour``: plain decoding (one request, ``--tokens`` one-token passes in a row) alone and
 beside one busy process (``python -c "while True: pass"``), in turn, for each thread count and
@@ -138,6 +154,61 @@ def parse_arm(text: str) -> tuple[str, dict]:
     return name, json.loads(options)
 
 
+# ---- the ceiling -----------------------------------------------------------------------------
+def aggregate_time(prompts: list[int], tokens: int, c: int, decode: float,
+                   joined: dict[int, float]) -> float:
+    """``time(c)`` in the unit of the costs; ``prompts``: token counts."""
+    decodes = len(prompts) * (tokens - 1) - len(prompts) * (c - 1)
+    return sum(joined[p] for p in prompts) + max(decodes, 0) / c * decode
+
+
+def latency(prompt: int, tokens: int, c: int, decode: float, joined: float) -> float:
+    """``latency(c)`` in the unit of the costs."""
+    return joined + (tokens - 1) * decode + (c - 1) * (joined - decode)
+
+
+def ceilings(prompts: list[int], tokens: int, decode: dict[int, float],
+             joined: dict[int, dict[int, float]]) -> dict:
+    """Per level (the keys of ``decode``) the priced time, tokens/s and p50 (the median
+    prompt's request); the served goals of plain AR on them."""
+    from bench.batching import goals
+
+    median, out = sorted(prompts)[len(prompts) // 2], {}
+    for c in decode:
+        t = aggregate_time(prompts, tokens, c, decode[c], joined[c])
+        out[c] = {"time_ms": t, "tokens_per_s": 1e3 * len(prompts) * tokens / t,
+                  "p50_s": latency(median, tokens, c, decode[c], joined[c][median]) / 1e3,
+                  "decode_ms": decode[c], "joined_ms": joined[c][median]}
+    return {"levels": out, "goals": goals({"ar": out, "sd": {}})}
+
+
+def ceiling(target, args) -> tuple[dict, list[str]]:
+    """decode(c) and joined(P, c), every pass in turn, priced; -> the result and its table."""
+    from bench import humaneval
+    from bench.report import goal_rows
+
+    levels = args.concurrency
+    if 1 not in levels:
+        raise SystemExit("--concurrency must include 1: the ratios are against one client")
+    lengths = [len(target.tokenizer(p)["input_ids"]) for p in humaneval.prompts(args.ceiling)]
+    passes = Passes(target, max(levels), args.context)
+    arms = {("decode", c, 0): partial(passes.time, [1] * c) for c in levels}
+    arms |= {("joined", c, p): partial(passes.time, [1] * (c - 1), p)
+             for c in levels for p in set(lengths)}
+    ms = interleaved(arms, args.repeats, 1)
+    priced = ceilings(lengths, args.max_tokens, {c: ms["decode", c, 0] for c in levels},
+                      {c: {p: ms["joined", c, p] for p in lengths} for c in levels})
+    lines = [f"{len(lengths)} HumanEval prompts of {min(lengths)}-{max(lengths)} tokens, "
+             f"{args.max_tokens} new tokens, medians of {args.repeats}:", "",
+             "| clients | decode pass ms | joined prefill ms (median prompt) | priced AR tok/s "
+             "| priced p50 s |", "|" + " --- |" * 5]
+    lines += [f"| {c} | {r['decode_ms']:.1f} | {r['joined_ms']:.1f} | {r['tokens_per_s']:.1f} | "
+              f"{r['p50_s']:.2f} |" for c, r in priced["levels"].items()]
+    lines += ["", *goal_rows(priced["goals"], "priced from the passes", "served goal")]
+    return {"prompt_tokens": lengths, "max_tokens": args.max_tokens, **priced}, lines
+
+
+# ---- beside a busy process -------------------------------------------------------------------
 WAIT_ARMS = {"default": {}, "active": {"OMP_WAIT_POLICY": "ACTIVE"},
              "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
 OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # unset in every arm but its own
@@ -234,7 +305,12 @@ def main(argv=None) -> None:
     ap.add_argument("--neighbour", action="store_true",
                     help="plain decoding alone and beside a busy process, each arm an OpenMP env")
     ap.add_argument("--tokens", type=int, default=64, help="--neighbour: tokens a run decodes")
-    ap.add_argument("--repeats", type=int, default=3, help="--neighbour: runs of each")
+    ap.add_argument("--repeats", type=int, default=3, help="--neighbour, --ceiling: runs of each")
+    ap.add_argument("--ceiling", type=int, metavar="N",
+                    help="price plain AR's closed loop on the first N HumanEval prompts")
+    ap.add_argument("--max-tokens", type=int, default=64, help="--ceiling: tokens a request")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                    help="--ceiling: clients")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child or args.neighbour:
@@ -242,18 +318,24 @@ def main(argv=None) -> None:
     from specdec.engine.loading import load_target
 
     torch.set_num_threads(args.threads[0])
-    shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
-    running = max(b for b, _ in shapes)
-    options = dict(parse_arm(a) for a in args.arm) or {"default": {}}
-    arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o}, kv_slots=running + 1),
-                         running, args.context) for name, o in options.items()}
-    result = {"date": now(), "machine": machine_line(), "arms": options,
-              "command": command("bench.passes", argv),
-              **sweep(arms, shapes, args.prompts)}
-    md = "\n".join(table(result, list(arms), args.context)) + "\n"
+    result = {"date": now(), "machine": machine_line(), "command": command("bench.passes", argv)}
+    if args.ceiling:  # the served numerics
+        target = load_target(args.target, dtype="auto", kv_slots=max(args.concurrency) + 1)
+        priced, lines = ceiling(target, args)
+        result |= priced
+    else:
+        shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
+        running = max(b for b, _ in shapes)
+        options = dict(parse_arm(a) for a in args.arm) or {"default": {}}
+        arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o},
+                                         kv_slots=running + 1), running, args.context)
+                for name, o in options.items()}
+        result |= {"arms": options, **sweep(arms, shapes, args.prompts)}
+        lines = table(result, list(arms), args.context)
+    md = "\n".join(lines) + "\n"
     print(md, end="")
     if args.out:
-        write(args.out, "passes", result, md)
+        write(args.out, "ceiling" if args.ceiling else "passes", result, md)
 
 
 if __name__ == "__main__":
