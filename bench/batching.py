@@ -32,7 +32,7 @@ import yaml
 from tqdm import tqdm
 
 from bench import humaneval
-from bench.report import command, goal_rows, machine_line, now, write
+from bench.report import command, goal_rows, machine_line, named_json, now, write
 
 SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
 BUILTIN = ("ar", "sd", "sd_engine")  # the arms every --variant sits beside
@@ -76,19 +76,6 @@ def merged(args: dict, changes: dict) -> dict:
         old = out.get(key)
         out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
     return out
-
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    name, sep, body = text.partition("=")
-    try:
-        changes = json.loads(body) if sep and name else None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--variant {text!r}: the args after '=' are not JSON ({e})") from None
-    if not isinstance(changes, dict):
-        raise ValueError(f"--variant {text!r}: expected NAME={{JSON object of app args}}")
-    if name in BUILTIN:
-        raise ValueError(f"--variant {text!r}: the name {name!r} is taken")
-    return name, changes
 
 
 def parse_peer(text: str) -> tuple[str, str]:
@@ -339,7 +326,7 @@ def main(argv=None) -> None:
         ap.error("--engine compares with concurrency 1: include 1 in --concurrency")
     prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval.prompts(a.prompts)
     try:
-        variants = dict(parse_variant(v) for v in a.variant)
+        variants = dict(named_json(v, "--variant", BUILTIN) for v in a.variant)
         peers = dict(parse_peer(p) for p in a.peer)
         sd = served_default(a.config)
     except ValueError as e:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from bench.config import BenchmarkConfig, Plan, check
 from bench.journal import Journal, fingerprint, inputs
-from bench.methods import ENGINE_DRAFTERS
 from pipelines.common.config import load_config
 from pipelines.common.tracking import git_state
 
@@ -95,8 +94,8 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                                             "pacer_defaults")},
             "pacer": plan.pacer.model_dump(), "asd": plan.asd.model_dump(),
             "drafter_block_size": plan.block}
-    methods = {m.name: {"runs": ENGINE_DRAFTERS.get(m.engine, "HF transformers generate"),
-                        "settings": m.settings, "strict": m.strict, "note": m.note}
+    methods = {m.name: {"engine": m.engine or "HF generate", "settings": m.settings,
+                        "strict": m.strict, "note": m.note}
                for m in plan.methods}
     workloads = {w: {"prompts": [p.id for p in plan.prompts if p.workload == w],
                      "methods": per_method} for w, per_method in summary.items()}
@@ -129,14 +128,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(BenchmarkConfig, args.config, args.set)
     cfg = cfg.quick() if args.quick else cfg
-    results = run(cfg, command("bench.engine", argv), args.quick)
-    for w, x in results["workloads"].items():
-        for name, m in x["methods"].items():
-            ratio = "-" if m["ratio_to_ar"] is None else f"{m['ratio_to_ar']:.2f}x ar"
-            print(f"{w:9s} {name:18s} {m['tokens_per_s']:8.2f} tok/s  {ratio}")
-    for name, why in results["not_measured"].items():
-        print(f"{name}: {why}")
-    print(f"results: {Path(cfg.out_dir) / 'results.md'}")
+    run(cfg, command("bench.engine", argv), args.quick)
+    print((Path(cfg.out_dir) / "results.md").read_text())
 
 
 if __name__ == "__main__":

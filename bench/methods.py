@@ -19,26 +19,15 @@ from tqdm import tqdm
 
 from pipelines.common.settings import PacerSettings, fixed, pacer
 
-# Engines by key: which drafter side each one has.
-ENGINE_DRAFTERS = {
-    "plain": "none (plain autoregressive decoding)",
-    "plain_bf16": "none (plain autoregressive decoding), the target in bfloat16",
-    "ngram": "n-gram prompt lookup",
-    "main": "the block drafter + the PACER pre-verifier",
-    "no_position": "the block drafter + the pre-verifier trained without position embedding",
-    "dflash": "the block drafter trained with the DFlash loss",
-    "suffix": "the suffix drafter, offline index only (cold: served outputs are not kept)",
-    "suffix_warm": "the suffix drafter, index + the target's outputs of the workload's other prompts",
-    "suffix_bf16": "the suffix drafter, offline index only, the target in bfloat16",
-    "hybrid": "suffix (offline index only) or the block drafter's PACER draft, per round",
-}
 BF16_ENGINES = {"plain_bf16", "suffix_bf16"}  # the target in bfloat16
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    engine: str | None  # a key of ENGINE_DRAFTERS; None = HF generate
+    # the engine ``load_models`` builds: plain(_bf16), ngram, main (block drafter + PACER),
+    # no_position, dflash, suffix(_warm, _bf16), hybrid; None = HF generate
+    engine: str | None
     settings: dict = field(default_factory=dict)  # SpecSettings fields, or HF generation settings
     strict: bool = True  # lossless: must reproduce ``reference``'s tokens exactly
     reference: str = "ar"  # the plain decoding of the same target and dtype

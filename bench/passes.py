@@ -31,24 +31,12 @@ prefill makes the first), every prefill runs in a joined step and the other deco
 one of its steps; ``P`` the median prompt). The aggregate ratio is ``time(1) / time(c)``.
 
     python -m bench.passes --ceiling 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 5 --out DIR
-
-``--neighbour``: plain decoding (one request, ``--tokens`` one-token passes in a row) alone and
-beside one busy process (``python -c "while True: pass"``), in turn, for each thread count and
-each arm, here a set of OpenMP environment variables (default: libgomp's default, ACTIVE,
-PASSIVE). OpenMP reads them when torch loads, so each arm runs in a fresh process, which also
-records how long its OpenMP threads spin while the process sleeps (``spin_ms``: the policy took).
-
-    python -m bench.passes --neighbour --threads 1 2 --tokens 64 --repeats 3 --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -56,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from bench.report import command, machine_line, now, write
+from bench.report import command, machine_line, named_json, now, write
 
 
 def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -> dict[str, float]:
@@ -147,13 +135,6 @@ def table(result: dict, names: Sequence[str], context: int) -> list[str]:
     return lines
 
 
-def parse_arm(text: str) -> tuple[str, dict]:
-    name, _, options = text.partition("=")
-    if not name or not options:
-        raise SystemExit(f"--arm {text!r}: expected NAME=JSON, e.g. 'torch={{\"linears\": \"torch\"}}'")
-    return name, json.loads(options)
-
-
 # ---- the ceiling -----------------------------------------------------------------------------
 def aggregate_time(prompts: list[int], tokens: int, c: int, decode: float,
                    joined: dict[int, float]) -> float:
@@ -208,116 +189,29 @@ def ceiling(target, args) -> tuple[dict, list[str]]:
     return {"prompt_tokens": lengths, "max_tokens": args.max_tokens, **priced}, lines
 
 
-# ---- beside a busy process -------------------------------------------------------------------
-WAIT_ARMS = {"default": {}, "active": {"OMP_WAIT_POLICY": "ACTIVE"},
-             "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
-OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # unset in every arm but its own
-
-
-def spin_ms() -> float:
-    """CPU ms this process takes in 100 ms of sleep right after a parallel region on two threads
-    or more: its OpenMP threads spinning while they wait for the next one (0: they sleep)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, 2))
-    torch.ones(1 << 22).add_(1.0)
-    start = time.process_time()
-    time.sleep(0.1)
-    torch.set_num_threads(threads)
-    return round((time.process_time() - start) * 1e3, 1)
-
-
-def decode_rates(passes: Passes, tokens: int, repeats: int) -> dict[str, list[float]]:
-    """tok/s of ``tokens`` one-token passes in a row, alone and beside a busy process, in turn."""
-    rates = {"alone": [], "beside": []}
-    passes.time([1])  # warm
-    for _ in range(repeats):
-        for where in rates:
-            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
-                if where == "beside" else None
-            try:
-                time.sleep(0.3 if busy else 0)  # the neighbour's interpreter up and spinning
-                ms = sum(passes.time([1]) for _ in range(tokens))
-            finally:
-                if busy:
-                    busy.kill()
-                    busy.wait()
-            rates[where].append(round(tokens * 1e3 / ms, 2))
-    return rates
-
-
-def arm_process(args, env: dict, threads: int) -> dict:
-    """One arm of ``--neighbour`` in a fresh process started with ``env``; its medians."""
-    cmd = [sys.executable, "-m", "bench.passes", "--child", "--target", args.target,
-           "--threads", str(threads), "--tokens", str(args.tokens), "--repeats",
-           str(args.repeats), "--context", str(args.context)]
-    start = {k: v for k, v in os.environ.items() if k not in OMP_VARS} | env
-    out = subprocess.run(cmd, env=start, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"the arm {env} at {threads} threads failed:\n{out.stderr[-3000:]}")
-    got = json.loads(out.stdout.splitlines()[-1])
-    alone, beside = statistics.median(got["alone"]), statistics.median(got["beside"])
-    return {"alone_tok_s": alone, "beside_tok_s": beside, "ratio": round(beside / alone, 3),
-            **got}
-
-
-def neighbour(args, argv) -> None:
-    """Every arm at every thread count; the result written after each (a cut run keeps them)."""
-    arms = dict(parse_arm(a) for a in args.arm) or WAIT_ARMS
-    result = {"date": now(), "machine": machine_line(), "arms": arms,
-              "command": command("bench.passes", argv), "tokens": args.tokens,
-              "context": args.context, "rows": []}
-    head = "| arm | threads | spin ms | alone tok/s | beside tok/s | beside / alone |"
-    lines = [f"Plain decoding ({args.tokens} tokens after {args.context} cached ones; medians of "
-             f"{args.repeats}), alone and beside one busy process:", "", head,
-             "|" + " --- |" * 6]
-    for threads in args.threads:
-        for name, env in arms.items():
-            row = {"arm": name, "env": env, "threads": threads, **arm_process(args, env, threads)}
-            result["rows"].append(row)
-            lines.append(f"| {name} | {threads} | {row['spin_ms']} | {row['alone_tok_s']:.1f} | "
-                         f"{row['beside_tok_s']:.1f} | {row['ratio']:.2f} |")
-            print(lines[-1], flush=True)
-            if args.out:
-                write(args.out, "neighbour", result, "\n".join(lines) + "\n")
-
-
-def child(args) -> None:
-    """An arm's process: the default target's plain decoding, one JSON line on stdout."""
-    from specdec.engine.loading import load_target
-
-    torch.set_num_threads(args.threads[0])
-    target = load_target(args.target, dtype="auto", kv_slots=2)
-    rates = decode_rates(Passes(target, 1, args.context), args.tokens, args.repeats)
-    print(json.dumps({**rates, "spin_ms": spin_ms(), "omp": {k: os.environ.get(k) for k in OMP_VARS},
-                      "plan": target.plan.describe() if target.plan else "transformers"}))
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--arm", action="append", default=[],
-                    help="NAME=JSON of load_target options (--neighbour: of OpenMP variables)")
+    ap.add_argument("--arm", action="append", default=[], help="NAME=JSON of load_target options")
     ap.add_argument("--passes", nargs="+", default=["1x1", "8x1", "8x4", "16x1"], help="BxT")
     ap.add_argument("--prompts", type=int, nargs="*", default=[100])
     ap.add_argument("--context", type=int, default=160)
-    ap.add_argument("--threads", type=int, nargs="+", default=[2])
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--neighbour", action="store_true",
-                    help="plain decoding alone and beside a busy process, each arm an OpenMP env")
-    ap.add_argument("--tokens", type=int, default=64, help="--neighbour: tokens a run decodes")
-    ap.add_argument("--repeats", type=int, default=3, help="--neighbour, --ceiling: runs of each")
+    ap.add_argument("--repeats", type=int, default=5, help="--ceiling: runs of each pass")
     ap.add_argument("--ceiling", type=int, metavar="N",
                     help="price plain AR's closed loop on the first N HumanEval prompts")
     ap.add_argument("--max-tokens", type=int, default=64, help="--ceiling: tokens a request")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16],
                     help="--ceiling: clients")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child or args.neighbour:
-        return child(args) if args.child else neighbour(args, argv)
+    try:
+        options = dict(named_json(a, "--arm") for a in args.arm) or {"default": {}}
+    except ValueError as e:
+        ap.error(str(e))
     from specdec.engine.loading import load_target
 
-    torch.set_num_threads(args.threads[0])
+    torch.set_num_threads(args.threads)
     result = {"date": now(), "machine": machine_line(), "command": command("bench.passes", argv)}
     if args.ceiling:  # the served numerics
         target = load_target(args.target, dtype="auto", kv_slots=max(args.concurrency) + 1)
@@ -326,7 +220,6 @@ def main(argv=None) -> None:
     else:
         shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
         running = max(b for b, _ in shapes)
-        options = dict(parse_arm(a) for a in args.arm) or {"default": {}}
         arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o},
                                          kv_slots=running + 1), running, args.context)
                 for name, o in options.items()}

@@ -1,7 +1,7 @@
 """What every harness's report shares, and the engine harness's Markdown.
 
 Shared: ``machine`` (the one machine description; ``machine_line`` is it in one line), ``now``,
-``command`` (the command line a result records), ``write`` (the one report writer: JSON and its
+``command`` (the command line a result records), ``named_json`` (a ``NAME=JSON`` option), ``write`` (the one report writer: JSON and its
 Markdown, each file replaced whole) and ``goal_rows`` (a goal set as a table). The engine's
 results dict: ``meta``, ``methods``, ``not_measured``, ``workloads`` (prompt ids and method ->
 metrics), ``claims`` and ``goals`` (rows of ``bench.metrics.evaluate``).
@@ -61,6 +61,20 @@ def now(fmt: str = "%Y-%m-%d %H:%M:%S %Z") -> str:
 def command(module: str, argv: list[str] | None) -> str:
     """``python -m MODULE ARGS`` as it ran (``argv`` None: this process's arguments)."""
     return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def named_json(text: str, option: str, taken=()) -> tuple[str, dict]:
+    """A ``NAME=JSON`` option's value (an arm, a variant) -> (name, the JSON object)."""
+    name, sep, body = text.partition("=")
+    try:
+        value = json.loads(body) if sep and name else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{option} {text!r}: the part after '=' is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option} {text!r}: expected NAME={{JSON object}}")
+    if name in taken:
+        raise ValueError(f"{option} {text!r}: the name {name!r} is taken")
+    return name, value
 
 
 def write(out: Path, stem: str, result: dict, md: str | None = None, indent: int = 2) -> list[Path]:

@@ -78,9 +78,10 @@ def test_a_peer_needs_a_name_and_a_url():
 
 
 def test_a_variant_is_the_default_with_some_args_changed():
-    from bench.batching import method_args, parse_variant
+    from bench.batching import BUILTIN, method_args
+    from bench.report import named_json
 
-    name, changes = parse_variant('sd_caps={"batching": {"draft_caps": {"8": 2}}}')
+    name, changes = named_json('sd_caps={"batching": {"draft_caps": {"8": 2}}}', "--variant", BUILTIN)
     sd = {"drafter": "suffix", "suffix": {"index": "x"}, "batching": {"max_batch": 32}}
     apps = method_args(sd, {name: changes})
     assert apps["sd_caps"]["batching"] == {"max_batch": 32, "draft_caps": {"8": 2}}
@@ -90,7 +91,7 @@ def test_a_variant_is_the_default_with_some_args_changed():
     assert plain == {"drafter": "none", "dtype": "bfloat16", "batching": {"max_batch": 32}}
     for bad in ("sd_caps", "sd_caps=[1]", "sd_caps={oops", 'sd={"x": 1}'):
         with pytest.raises(ValueError, match="--variant"):
-            parse_variant(bad)
+            named_json(bad, "--variant", BUILTIN)
 
 
 def test_each_method_is_checked_against_plain_decoding_of_its_own_numerics():
