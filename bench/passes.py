@@ -80,7 +80,8 @@ class Passes:
         last = [False] * len(states)
         if prompt:
             states = [self.prompt, *states]
-            ids, last = [list(range(7, 7 + prompt)), *ids], [True, *last]
+            vocab = self.target.vocab_size  # a long prompt's ids wrap on a small vocabulary
+            ids, last = [[t % vocab for t in range(7, 7 + prompt)], *ids], [True, *last]
         t0 = time.perf_counter()
         with torch.inference_mode():
             self.last = self.target.forward_batch(states, ids, last_logits_only=last)

@@ -48,8 +48,9 @@ def machine(device: str = "cpu") -> dict:
     return info
 
 
-def machine_line() -> str:
-    m = machine()
+def machine_line(m: dict | None = None) -> str:
+    """``m`` (default: this machine's ``machine()``) in one line."""
+    m = m or machine()
     return (f"{m['cpu']} ({' '.join(m['cpu_flags']) or 'no AVX2'}), {m['cores']} CPU cores, "
             f"{m['torch_threads']} threads, torch {m['torch']}")
 
@@ -142,14 +143,12 @@ def comparison_rows(rows: list[dict], goal: bool) -> list[str]:
 
 
 def markdown(results: dict) -> str:
-    meta, mach = results["meta"], results["meta"]["machine"]
+    meta = results["meta"]
     lines = [
         f"# Engine benchmark, {meta['date']}", "",
         f"Command: `{meta['command']}` (commit {(meta['git']['commit'] or 'unknown')[:12]}"
         f"{', uncommitted changes' if meta['git']['dirty'] else ''}).",
-        f"Machine: {mach['cpu']} ({' '.join(mach.get('cpu_flags') or ['no AVX2'])}), "
-        f"{mach['cores']} cores, torch {mach['torch']} on "
-        f"{mach['device']} with {mach['torch_threads']} threads, Python {mach['python']}.",
+        f"Machine: {machine_line(meta['machine'])} on {meta['machine']['device']}.",
         f"Pair: target {meta['target']} ({meta['dtype']}), drafter {meta['drafter']}, "
         f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "
         f"{meta['repeats']} repeat(s), methods interleaved per prompt. Definitions: "
