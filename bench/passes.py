@@ -30,7 +30,7 @@ prefill makes the first), every prefill runs in a joined step and the other deco
 (a request's latency: its own joined step, its decodes, and each other client's prefill joining
 one of its steps; ``P`` the median prompt). The aggregate ratio is ``time(1) / time(c)``.
 
-    python -m bench.passes --ceiling 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 5 --out DIR
+    python -m bench.passes --ceiling 16 --max-tokens 64 --concurrency 1 2 4 8 16 --out DIR
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ def ceiling(target, args) -> tuple[dict, list[str]]:
     priced = ceilings(lengths, args.max_tokens, {c: ms["decode", c, 0] for c in levels},
                       {c: {p: ms["joined", c, p] for p in lengths} for c in levels})
     lines = [f"{len(lengths)} HumanEval prompts of {min(lengths)}-{max(lengths)} tokens, "
-             f"{args.max_tokens} new tokens, medians of {args.repeats}:", "",
+             f"{args.max_tokens} new tokens, passes after {args.context} cached tokens, "
+             f"medians of {args.repeats}:", "",
              "| clients | decode pass ms | joined prefill ms (median prompt) | priced AR tok/s "
              "| priced p50 s |", "|" + " --- |" * 5]
     lines += [f"| {c} | {r['decode_ms']:.1f} | {r['joined_ms']:.1f} | {r['tokens_per_s']:.1f} | "
