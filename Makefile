@@ -95,8 +95,8 @@ train-default: setup
 
 # ---- benchmark peers (docs/BENCHMARKS.md; never needed to serve or test) ------------------------
 # llama.cpp's llama-server, built natively for this CPU from the llama.cpp vendored in the
-# llama-cpp-python sdist; $(LLAMA_SERVER) links to it (its shared libraries stay in the build)
-# for `python -m bench.batching --llama-server`.
+# llama-cpp-python sdist; $(LLAMA_SERVER) links to it (its shared libraries stay in the build);
+# started on the target's GGUF, it is a `--peer` of `python -m bench.batching` (docs/RESULTS.md).
 PEERS        ?= .peers
 LLAMA_CPP_PY ?= 0.3.36
 LLAMA_SERVER := $(PEERS)/llama-server

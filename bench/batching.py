@@ -9,9 +9,9 @@ its plain decoding's (the SD app's suffix tree does not learn online here: every
 same prompts). Arms beside them: ``--engine`` the SD app's engine in this process (no Ray or HTTP,
 concurrency 1: the outputs the served ones must equal); ``--variant NAME=JSON`` the default with
 those args changed (dicts merged one level deep; ``"drafter": "none"`` decodes plainly);
-``--peer NAME=URL`` an OpenAI-compatible server already running, ``--llama-server PATH``
-llama.cpp's server started here on the target's GGUF (peers decode in their own numerics: their
-outputs are not compared). Writes ``result.json``, ``result.md`` and ``concurrency.png``.
+``--peer NAME=URL`` an OpenAI-compatible server already running, such as llama.cpp's
+``llama-server`` (``make llama-server``) on the target's GGUF (a peer decodes in its own
+numerics: its outputs are not compared). Writes ``result.json`` and ``result.md``.
 
     python -m bench.batching --prompts 16 --max-tokens 64 --concurrency 1 2 4 8 16 --repeats 2
 """
@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +32,7 @@ import yaml
 from tqdm import tqdm
 
 from bench import humaneval
-from bench.report import command, goal_rows, machine_line, now, write
+from bench.report import command, goal_rows, machine_line, named_json, now, write
 
 SD_ONLY = ("preverifier", "block_drafter", "suffix")  # args that mean nothing without a drafter
 BUILTIN = ("ar", "sd", "sd_engine")  # the arms every --variant sits beside
@@ -80,19 +78,6 @@ def merged(args: dict, changes: dict) -> dict:
     return out
 
 
-def parse_variant(text: str) -> tuple[str, dict]:
-    name, sep, body = text.partition("=")
-    try:
-        changes = json.loads(body) if sep and name else None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--variant {text!r}: the args after '=' are not JSON ({e})") from None
-    if not isinstance(changes, dict):
-        raise ValueError(f"--variant {text!r}: expected NAME={{JSON object of app args}}")
-    if name in BUILTIN:
-        raise ValueError(f"--variant {text!r}: the name {name!r} is taken")
-    return name, changes
-
-
 def parse_peer(text: str) -> tuple[str, str]:
     name, sep, url = text.partition("=")
     if not (sep and name and url.startswith(("http://", "https://"))):
@@ -100,57 +85,6 @@ def parse_peer(text: str) -> tuple[str, str]:
     if name in BUILTIN:
         raise ValueError(f"--peer {text!r}: the name {name!r} is taken")
     return name, url.rstrip("/")
-
-
-def target_gguf(target: str) -> Path:
-    """The GGUF file the served target is built from (llama.cpp's peer runs the same file)."""
-    from specdec.models.sources import NAMED_SOURCES
-
-    if target not in NAMED_SOURCES:
-        raise ValueError(f"--llama-server: the served target {target!r} is not built from a GGUF "
-                         f"(one of {sorted(NAMED_SOURCES)})")
-    return NAMED_SOURCES[target].gguf_dir() / NAMED_SOURCES[target].gguf_file
-
-
-class LlamaServer:
-    """llama.cpp's ``llama-server`` on a GGUF at a free local port, a slot per client (2048
-    tokens of context each), until ``close``; its log goes to ``log``."""
-
-    def __init__(self, binary: str, gguf: Path, threads: int, slots: int, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.argv = [binary, "-m", str(gguf), "-t", str(threads), "-c", str(2048 * slots),
-                     "-np", str(slots), "--host", "127.0.0.1", "--port", str(port)]
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as f:
-            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while not self.healthy():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise SystemExit(f"--llama-server: {binary} did not come up; its log: {log}")
-            time.sleep(0.5)
-
-    def described(self) -> str:
-        """Its command line without the local address, the GGUF by file name."""
-        binary, m, gguf, *flags = self.argv[:-4]
-        return " ".join([binary, m, Path(gguf).name, *flags])
-
-    def healthy(self) -> bool:
-        try:
-            return requests.get(f"{self.url}/health", timeout=5).status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def rotated(methods: list[str], r: int) -> list[str]:
@@ -371,18 +305,13 @@ def markdown(result: dict) -> str:
     return "\n".join([*lines, "", *goal_rows(result["goals"])]) + "\n"
 
 
-def loop_arguments(ap: argparse.ArgumentParser, repeats: int) -> None:
-    """The closed loop's shape: this harness's, and ``bench.ceiling``'s, which prices it."""
-    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--repeats", type=int, default=repeats)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/serve/local.yaml")
-    loop_arguments(ap, repeats=2)
+    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompts-file", help="a JSON list of prompt strings, in place of HumanEval's")
     ap.add_argument("--engine", action="store_true",
                     help="also run the SD app's engine in this process, one prompt at a time")
@@ -390,9 +319,6 @@ def main(argv=None) -> None:
                     help="one more app: the default with these args changed")
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=URL",
                     help="an external OpenAI-compatible server already running at URL, as an arm")
-    ap.add_argument("--llama-server", metavar="PATH",
-                    help="llama.cpp's llama-server binary (make llama-server), started here on "
-                         "the target's GGUF as the arm 'llama_server'")
     ap.add_argument("--port", type=int, default=8012)
     ap.add_argument("--out", default="docs/benchmarks/batching")
     a = ap.parse_args(argv)
@@ -400,31 +326,18 @@ def main(argv=None) -> None:
         ap.error("--engine compares with concurrency 1: include 1 in --concurrency")
     prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval.prompts(a.prompts)
     try:
-        variants = dict(parse_variant(v) for v in a.variant)
+        variants = dict(named_json(v, "--variant", BUILTIN) for v in a.variant)
         peers = dict(parse_peer(p) for p in a.peer)
         sd = served_default(a.config)
-        gguf = target_gguf(sd["target"]) if a.llama_server else None
     except ValueError as e:
         ap.error(str(e))
-    if set(peers) & {*variants, "llama_server"}:
-        ap.error(f"--peer: a name is taken by a variant or llama_server: {sorted(peers)}")
-    llama = None
-    if a.llama_server:
-        threads = sd.get("target_resources", {}).get("threads") or os.cpu_count()
-        llama = LlamaServer(a.llama_server, gguf, threads, max(8, *a.concurrency),
-                            Path(a.out) / "llama-server.log")
-        peers["llama_server"] = llama.url
-    try:
-        run(a, argv, prompts, sd, method_args(sd, variants), variants, peers, llama)
-    finally:
-        if llama is not None:
-            llama.close()
+    if set(peers) & set(variants):
+        ap.error(f"--peer: a name is taken by a variant: {sorted(peers)}")
+    run(a, argv, prompts, sd, method_args(sd, variants), variants, peers)
 
 
 def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: dict,
-        peers: dict[str, str], llama: LlamaServer | None) -> None:
-    from bench.plots import concurrency, save
-
+        peers: dict[str, str]) -> None:
     url = start(apps, a.port)
     model = sd.get("model_id") or sd["target"]
     urls = {name: f"{url}/{name}" for name in apps} | peers
@@ -452,14 +365,13 @@ def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: 
         "date": now("%Y-%m-%d"), "command": command("bench.batching", argv),
         "machine": machine_line(),
         "served": {k: v for k, v in sd.items() if k not in ("api_key",)}, "variants": variants,
-        "peers": peers | ({"llama_server": llama.described()} if llama else {}),
+        "peers": peers,
         "prompts": len(prompts), "prompts_file": a.prompts_file, "max_tokens": a.max_tokens,
         "repeats": a.repeats}
     result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}
                       for (m, c), rs in runs.items() for r in rs]
     md = markdown(result)
     write(Path(a.out), "result", result, md)
-    save(concurrency(result["summary"]), Path(a.out) / "concurrency.png", dpi=120)
     print(md)
 
 

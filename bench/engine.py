@@ -4,9 +4,9 @@
 
 Every method on the same prompts (``bench.config``), in this process, one call at a time (no
 Ray: timing must not share cores), interleaved per prompt; a method whose optional model is not
-configured is reported as not measured, never estimated. Writes ``results.json``, ``results.md``
-and plots to ``out_dir`` (also one MLflow run's artifacts); ``--quick``: 3 HumanEval + 2 ShareGPT
-prompts, once, at most 64 new tokens, into ``quick_out_dir``. Every timed call is journaled as it
+configured is reported as not measured, never estimated. Writes ``results.json`` and
+``results.md`` to ``out_dir``; ``--quick``: 3 HumanEval + 2 ShareGPT prompts, once, at most 64
+new tokens, into ``quick_out_dir``. Every timed call is journaled as it
 completes (``bench.journal``): the same command after an interruption continues where it
 stopped, and over a finished journal it only scores and reports it again.
 """
@@ -19,7 +19,6 @@ from pathlib import Path
 
 from bench.config import BenchmarkConfig, Plan, check
 from bench.journal import Journal, fingerprint, inputs
-from bench.methods import ENGINE_DRAFTERS
 from pipelines.common.config import load_config
 from pipelines.common.tracking import git_state
 
@@ -58,11 +57,6 @@ def measure_all(cfg: BenchmarkConfig, plan: Plan):
     return summary
 
 
-def approximations(plan: Plan) -> dict[str, str]:
-    """ASD method -> the strict method it approximates."""
-    return {m.name: m.approximates for m in plan.methods if m.approximates}
-
-
 def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
                 default: str | None) -> dict[str, list[dict]]:
     """The research claims, and the goals of ``default`` (the fastest lossless method) against
@@ -80,7 +74,8 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
                            f"not measured: no fixed window drafts {gamma} tokens per round")
     reference = next((m.reference for m in plan.methods if m.name == default), "ar")
     fixed = [f"fixed_{g}" for g in cfg.fixed_gammas]
-    made = {"claims": claims(approximations(plan), fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
+    asd = {m.name: m.approximates for m in plan.methods if m.approximates}  # -> its strict twin
+    made = {"claims": claims(asd, fixed, dpace, rho_grows=plan.pacer.growth > 1.0)
             + dtype_claims(), "goals": default_goals(default, reference)}
     return {kind: [row for c in cs for row in evaluate(c, summary, missing)]
             for kind, cs in made.items()}
@@ -89,7 +84,6 @@ def comparisons(cfg: BenchmarkConfig, plan: Plan, summary: dict,
 def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                  quick: bool) -> dict:
     from bench import report
-    from bench.methods import reset_peak_rss
     from bench.metrics import fastest_lossless
 
     meta = {"date": report.now(), "command": command, "quick": quick,
@@ -99,9 +93,9 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
                                             "prompts", "max_new_tokens", "repeats", "seed",
                                             "pacer_defaults")},
             "pacer": plan.pacer.model_dump(), "asd": plan.asd.model_dump(),
-            "drafter_block_size": plan.block, "peak_rss_reset": reset_peak_rss()}
-    methods = {m.name: {"runs": ENGINE_DRAFTERS.get(m.engine, "HF transformers generate"),
-                        "settings": m.settings, "strict": m.strict, "note": m.note}
+            "drafter_block_size": plan.block}
+    methods = {m.name: {"engine": m.engine or "HF generate", "settings": m.settings,
+                        "strict": m.strict, "note": m.note}
                for m in plan.methods}
     workloads = {w: {"prompts": [p.id for p in plan.prompts if p.workload == w],
                      "methods": per_method} for w, per_method in summary.items()}
@@ -113,34 +107,12 @@ def results_dict(cfg: BenchmarkConfig, plan: Plan, summary: dict, command: str,
             **comparisons(cfg, plan, summary, default)}
 
 
-def log_run(cfg: BenchmarkConfig, results: dict, paths: list[Path], quick: bool) -> None:
-    import mlflow
-
-    from pipelines.common.tracking import log_params, start_run
-
-    with start_run(cfg.mlflow, "benchmark-quick" if quick else "benchmark"):
-        log_params(cfg.model_dump())
-        keys = ("tokens_per_s", "ratio_to_ar", "mean_accepted_length", "pass_at_1",
-                "target_log_likelihood")
-        mlflow.log_metrics({f"{w}.{name}.{k}": m[k] for w, x in results["workloads"].items()
-                            for name, m in x["methods"].items() for k in keys
-                            if m.get(k) is not None})
-        for path in paths:
-            mlflow.log_artifact(str(path), "benchmark")
-
-
 def run(cfg: BenchmarkConfig, command: str = "", quick: bool = False) -> dict:
-    from bench.plots import engine_figures, save
     from bench.report import markdown, write
 
     plan = check(cfg)
     results = results_dict(cfg, plan, measure_all(cfg, plan), command, quick)
-    out = Path(cfg.out_dir)
-    paths = write(out, "results", results, markdown(results))
-    summary = {w: x["methods"] for w, x in results["workloads"].items()}
-    paths += [save(fig, out / f"{stem}.png")
-              for stem, fig in engine_figures(summary, approximations(plan)).items()]
-    log_run(cfg, results, paths, quick)
+    write(Path(cfg.out_dir), "results", results, markdown(results))
     return results
 
 
@@ -156,14 +128,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(BenchmarkConfig, args.config, args.set)
     cfg = cfg.quick() if args.quick else cfg
-    results = run(cfg, command("bench.engine", argv), args.quick)
-    for w, x in results["workloads"].items():
-        for name, m in x["methods"].items():
-            ratio = "-" if m["ratio_to_ar"] is None else f"{m['ratio_to_ar']:.2f}x ar"
-            print(f"{w:9s} {name:18s} {m['tokens_per_s']:8.2f} tok/s  {ratio}")
-    for name, why in results["not_measured"].items():
-        print(f"{name}: {why}")
-    print(f"results: {Path(cfg.out_dir) / 'results.md'}")
+    run(cfg, command("bench.engine", argv), args.quick)
+    print((Path(cfg.out_dir) / "results.md").read_text())
 
 
 if __name__ == "__main__":

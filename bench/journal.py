@@ -44,6 +44,7 @@ def to_line(r: Record) -> str:
 
 def from_line(line: str) -> Record:
     d = json.loads(line)
+    d.pop("peak_rss_mb", None)  # journaled by an older harness
     if d["stats"] is not None:
         s = d["stats"]
         s["draft_lengths"] = Counter({int(k): v for k, v in s["draft_lengths"].items()})

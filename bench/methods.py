@@ -4,7 +4,7 @@ A ``Method`` is a name and a recipe: our engine (a target and a drafter side, wi
 ``SpecSettings`` fields) or HF ``generate`` (with generation settings). Every model loads once;
 engines share drafters and the one HF target. ``measure`` runs one call at a time, the methods'
 order rotated from prompt to prompt so that drift hits every method alike; each call is timed on
-the wall clock with the process's peak RSS around it (Linux ``/proc``; None elsewhere).
+the wall clock.
 """
 
 from __future__ import annotations
@@ -19,26 +19,15 @@ from tqdm import tqdm
 
 from pipelines.common.settings import PacerSettings, fixed, pacer
 
-# Engines by key: which drafter side each one has.
-ENGINE_DRAFTERS = {
-    "plain": "none (plain autoregressive decoding)",
-    "plain_bf16": "none (plain autoregressive decoding), the target in bfloat16",
-    "ngram": "n-gram prompt lookup",
-    "main": "the block drafter + the PACER pre-verifier",
-    "no_position": "the block drafter + the pre-verifier trained without position embedding",
-    "dflash": "the block drafter trained with the DFlash loss",
-    "suffix": "the suffix drafter, offline index only (cold: served outputs are not kept)",
-    "suffix_warm": "the suffix drafter, index + the target's outputs of the workload's other prompts",
-    "suffix_bf16": "the suffix drafter, offline index only, the target in bfloat16",
-    "hybrid": "suffix (offline index only) or the block drafter's PACER draft, per round",
-}
 BF16_ENGINES = {"plain_bf16", "suffix_bf16"}  # the target in bfloat16
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    engine: str | None  # a key of ENGINE_DRAFTERS; None = HF generate
+    # the engine ``load_models`` builds: plain(_bf16), ngram, main (block drafter + PACER),
+    # no_position, dflash, suffix(_warm, _bf16), hybrid; None = HF generate
+    engine: str | None
     settings: dict = field(default_factory=dict)  # SpecSettings fields, or HF generation settings
     strict: bool = True  # lossless: must reproduce ``reference``'s tokens exactly
     reference: str = "ar"  # the plain decoding of the same target and dtype
@@ -64,7 +53,6 @@ class Record:  # one timed generation
     tokens: list[int]  # generated tokens, the prompt excluded
     seconds: float  # wall time of the call
     stats: object | None  # RequestStats (our engine) or None (HF generate)
-    peak_rss_mb: float | None
 
 
 def method_table(cfg, p: PacerSettings, asd, drafter_block: int = 8,
@@ -281,25 +269,6 @@ def runners(methods: list[Method], models: Models, prompts: list[Prompt] | None 
     return out
 
 
-# ---- peak memory ----------------------------------------------------------------------------
-def reset_peak_rss() -> bool:
-    """Reset the process's peak RSS (VmHWM) on Linux; False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb() -> float | None:
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
-
-
 # ---- the measurement ------------------------------------------------------------------------
 def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner],
             max_new_tokens: int, repeats: int, progress: bool = True,
@@ -324,9 +293,7 @@ def measure(prompts: list[Prompt], methods: list[Method], run: dict[str, Runner]
 
 
 def timed_call(runner: Runner, m: Method, prompt: Prompt, repeat: int, n: int) -> Record:
-    reset_peak_rss()
     t0 = time.perf_counter()
     tokens, stats = runner(prompt.ids, n)
-    seconds = time.perf_counter() - t0
-    return Record(m.name, prompt.workload, prompt.id, repeat, tokens, seconds, stats,
-                  peak_rss_mb())
+    return Record(m.name, prompt.workload, prompt.id, repeat, tokens, time.perf_counter() - t0,
+                  stats)

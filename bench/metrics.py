@@ -72,12 +72,10 @@ def engine_counts(records: list[Record]) -> dict:
 def method_metrics(records: list[Record], reference: dict, m: Method) -> dict:
     tps = speed(records)
     same = [r.tokens == reference.get((r.workload, r.prompt, r.repeat)) for r in records]
-    rss = [r.peak_rss_mb for r in records if r.peak_rss_mb is not None]
     out = {"tokens_per_s": statistics.median(tps), "tokens_per_s_repeats": tps,
            "tokens": sum(len(r.tokens) for r in records if r.repeat == 0),
            "seconds": sum(r.seconds for r in records), "same_as_ar": sum(same) / len(same),
-           "strict": m.strict, "reference": m.reference,
-           "peak_rss_mb": max(rss) if rss else None}
+           "strict": m.strict, "reference": m.reference}
     if m.engine is not None:
         out |= engine_counts(records)
     if m.strict:

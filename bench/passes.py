@@ -11,28 +11,32 @@ sweep compares any two ways of running the target:
 - prefills of each prompt length alone;
 
 every arm in turn, so the machine's drift falls on all alike, with the largest logit difference
-between the arms' last outputs. ``bench.ceiling`` prices the served loop on the same timer.
+between the arms' last outputs.
 
     python -m bench.passes --arm 'default={}' --arm 'torch={"linears": "torch"}' \\
         --passes 1x1 8x1 8x4 16x1 --prompts 100 --context 160 --out DIR
 
-``--neighbour``: plain decoding (one request, ``--tokens`` one-token passes in a row) alone and
-beside one busy process (``python -c "while True: pass"``), in turn, for each thread count and
-each arm, here a set of OpenMP environment variables (default: libgomp's default, ACTIVE,
-PASSIVE). OpenMP reads them when torch loads, so each arm runs in a fresh process, which also
-records how long its OpenMP threads spin while the process sleeps (``spin_ms``: the policy took).
+``--ceiling N``: what the passes allow the served harness's plain AR on its first ``N`` HumanEval
+prompts, its aggregate tokens/s and p50 latency at ``c`` clients against one, if serving cost
+nothing but the passes (no HTTP, Ray, scheduling or sampling; every step full: read its ratios,
+not its tokens/s, against a served run's). ``decode(c)`` is a pass of ``c`` requests x 1 token
+after ``--context`` cached ones, ``joined(P, c)`` a ``P``-token prefill beside ``c - 1`` decodes
+(a new request joins the running ones' step). With ``n`` prompts and ``T`` new tokens each (the
+prefill makes the first), every prefill runs in a joined step and the other decodes in full steps:
 
-    python -m bench.passes --neighbour --threads 1 2 --tokens 64 --repeats 3 --out DIR
+    time(c) = sum_i joined(P_i, c) + (n (T - 1) - n (c - 1)) / c * decode(c)
+    latency(c) = joined(P, c) + (T - 1) decode(c) + (c - 1) (joined(P, c) - decode(c))
+
+(a request's latency: its own joined step, its decodes, and each other client's prefill joining
+one of its steps; ``P`` the median prompt). The aggregate ratio is ``time(1) / time(c)``.
+
+    python -m bench.passes --ceiling 16 --max-tokens 64 --concurrency 1 2 4 8 16 --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -40,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from bench.report import command, machine_line, now, write
+from bench.report import command, machine_line, named_json, now, write
 
 
 def interleaved(arms: dict[str, Callable[[], float]], repeats: int, warm: int) -> dict[str, float]:
@@ -76,7 +80,8 @@ class Passes:
         last = [False] * len(states)
         if prompt:
             states = [self.prompt, *states]
-            ids, last = [list(range(7, 7 + prompt)), *ids], [True, *last]
+            vocab = self.target.vocab_size  # a long prompt's ids wrap on a small vocabulary
+            ids, last = [[t % vocab for t in range(7, 7 + prompt)], *ids], [True, *last]
         t0 = time.perf_counter()
         with torch.inference_mode():
             self.last = self.target.forward_batch(states, ids, last_logits_only=last)
@@ -131,129 +136,101 @@ def table(result: dict, names: Sequence[str], context: int) -> list[str]:
     return lines
 
 
-def parse_arm(text: str) -> tuple[str, dict]:
-    name, _, options = text.partition("=")
-    if not name or not options:
-        raise SystemExit(f"--arm {text!r}: expected NAME=JSON, e.g. 'torch={{\"linears\": \"torch\"}}'")
-    return name, json.loads(options)
+# ---- the ceiling -----------------------------------------------------------------------------
+def aggregate_time(prompts: list[int], tokens: int, c: int, decode: float,
+                   joined: dict[int, float]) -> float:
+    """``time(c)`` in the unit of the costs; ``prompts``: token counts."""
+    decodes = len(prompts) * (tokens - 1) - len(prompts) * (c - 1)
+    return sum(joined[p] for p in prompts) + max(decodes, 0) / c * decode
 
 
-WAIT_ARMS = {"default": {}, "active": {"OMP_WAIT_POLICY": "ACTIVE"},
-             "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
-OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # unset in every arm but its own
+def latency(prompt: int, tokens: int, c: int, decode: float, joined: float) -> float:
+    """``latency(c)`` in the unit of the costs."""
+    return joined + (tokens - 1) * decode + (c - 1) * (joined - decode)
 
 
-def spin_ms() -> float:
-    """CPU ms this process takes in 100 ms of sleep right after a parallel region on two threads
-    or more: its OpenMP threads spinning while they wait for the next one (0: they sleep)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, 2))
-    torch.ones(1 << 22).add_(1.0)
-    start = time.process_time()
-    time.sleep(0.1)
-    torch.set_num_threads(threads)
-    return round((time.process_time() - start) * 1e3, 1)
+def ceilings(prompts: list[int], tokens: int, decode: dict[int, float],
+             joined: dict[int, dict[int, float]]) -> dict:
+    """Per level (the keys of ``decode``) the priced time, tokens/s and p50 (the median
+    prompt's request); the served goals of plain AR on them."""
+    from bench.batching import goals
+
+    median, out = sorted(prompts)[len(prompts) // 2], {}
+    for c in decode:
+        t = aggregate_time(prompts, tokens, c, decode[c], joined[c])
+        out[c] = {"time_ms": t, "tokens_per_s": 1e3 * len(prompts) * tokens / t,
+                  "p50_s": latency(median, tokens, c, decode[c], joined[c][median]) / 1e3,
+                  "decode_ms": decode[c], "joined_ms": joined[c][median]}
+    return {"levels": out, "goals": goals({"ar": out, "sd": {}})}
 
 
-def decode_rates(passes: Passes, tokens: int, repeats: int) -> dict[str, list[float]]:
-    """tok/s of ``tokens`` one-token passes in a row, alone and beside a busy process, in turn."""
-    rates = {"alone": [], "beside": []}
-    passes.time([1])  # warm
-    for _ in range(repeats):
-        for where in rates:
-            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
-                if where == "beside" else None
-            try:
-                time.sleep(0.3 if busy else 0)  # the neighbour's interpreter up and spinning
-                ms = sum(passes.time([1]) for _ in range(tokens))
-            finally:
-                if busy:
-                    busy.kill()
-                    busy.wait()
-            rates[where].append(round(tokens * 1e3 / ms, 2))
-    return rates
+def ceiling(target, args) -> tuple[dict, list[str]]:
+    """decode(c) and joined(P, c), every pass in turn, priced; -> the result and its table."""
+    from bench import humaneval
+    from bench.report import goal_rows
 
-
-def arm_process(args, env: dict, threads: int) -> dict:
-    """One arm of ``--neighbour`` in a fresh process started with ``env``; its medians."""
-    cmd = [sys.executable, "-m", "bench.passes", "--child", "--target", args.target,
-           "--threads", str(threads), "--tokens", str(args.tokens), "--repeats",
-           str(args.repeats), "--context", str(args.context)]
-    start = {k: v for k, v in os.environ.items() if k not in OMP_VARS} | env
-    out = subprocess.run(cmd, env=start, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"the arm {env} at {threads} threads failed:\n{out.stderr[-3000:]}")
-    got = json.loads(out.stdout.splitlines()[-1])
-    alone, beside = statistics.median(got["alone"]), statistics.median(got["beside"])
-    return {"alone_tok_s": alone, "beside_tok_s": beside, "ratio": round(beside / alone, 3),
-            **got}
-
-
-def neighbour(args, argv) -> None:
-    """Every arm at every thread count; the result written after each (a cut run keeps them)."""
-    arms = dict(parse_arm(a) for a in args.arm) or WAIT_ARMS
-    result = {"date": now(), "machine": machine_line(), "arms": arms,
-              "command": command("bench.passes", argv), "tokens": args.tokens,
-              "context": args.context, "rows": []}
-    head = "| arm | threads | spin ms | alone tok/s | beside tok/s | beside / alone |"
-    lines = [f"Plain decoding ({args.tokens} tokens after {args.context} cached ones; medians of "
-             f"{args.repeats}), alone and beside one busy process:", "", head,
-             "|" + " --- |" * 6]
-    for threads in args.threads:
-        for name, env in arms.items():
-            row = {"arm": name, "env": env, "threads": threads, **arm_process(args, env, threads)}
-            result["rows"].append(row)
-            lines.append(f"| {name} | {threads} | {row['spin_ms']} | {row['alone_tok_s']:.1f} | "
-                         f"{row['beside_tok_s']:.1f} | {row['ratio']:.2f} |")
-            print(lines[-1], flush=True)
-            if args.out:
-                write(args.out, "neighbour", result, "\n".join(lines) + "\n")
-
-
-def child(args) -> None:
-    """An arm's process: the default target's plain decoding, one JSON line on stdout."""
-    from specdec.engine.loading import load_target
-
-    torch.set_num_threads(args.threads[0])
-    target = load_target(args.target, dtype="auto", kv_slots=2)
-    rates = decode_rates(Passes(target, 1, args.context), args.tokens, args.repeats)
-    print(json.dumps({**rates, "spin_ms": spin_ms(), "omp": {k: os.environ.get(k) for k in OMP_VARS},
-                      "plan": target.plan.describe() if target.plan else "transformers"}))
+    levels = args.concurrency
+    if 1 not in levels:
+        raise SystemExit("--concurrency must include 1: the ratios are against one client")
+    lengths = [len(target.tokenizer(p)["input_ids"]) for p in humaneval.prompts(args.ceiling)]
+    passes = Passes(target, max(levels), args.context)
+    arms = {("decode", c, 0): partial(passes.time, [1] * c) for c in levels}
+    arms |= {("joined", c, p): partial(passes.time, [1] * (c - 1), p)
+             for c in levels for p in set(lengths)}
+    ms = interleaved(arms, args.repeats, 1)
+    priced = ceilings(lengths, args.max_tokens, {c: ms["decode", c, 0] for c in levels},
+                      {c: {p: ms["joined", c, p] for p in lengths} for c in levels})
+    lines = [f"{len(lengths)} HumanEval prompts of {min(lengths)}-{max(lengths)} tokens, "
+             f"{args.max_tokens} new tokens, passes after {args.context} cached tokens, "
+             f"medians of {args.repeats}:", "",
+             "| clients | decode pass ms | joined prefill ms (median prompt) | priced AR tok/s "
+             "| priced p50 s |", "|" + " --- |" * 5]
+    lines += [f"| {c} | {r['decode_ms']:.1f} | {r['joined_ms']:.1f} | {r['tokens_per_s']:.1f} | "
+              f"{r['p50_s']:.2f} |" for c, r in priced["levels"].items()]
+    lines += ["", *goal_rows(priced["goals"], "priced from the passes", "served goal")]
+    return {"prompt_tokens": lengths, "max_tokens": args.max_tokens, **priced}, lines
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--arm", action="append", default=[],
-                    help="NAME=JSON of load_target options (--neighbour: of OpenMP variables)")
+    ap.add_argument("--arm", action="append", default=[], help="NAME=JSON of load_target options")
     ap.add_argument("--passes", nargs="+", default=["1x1", "8x1", "8x4", "16x1"], help="BxT")
     ap.add_argument("--prompts", type=int, nargs="*", default=[100])
     ap.add_argument("--context", type=int, default=160)
-    ap.add_argument("--threads", type=int, nargs="+", default=[2])
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--neighbour", action="store_true",
-                    help="plain decoding alone and beside a busy process, each arm an OpenMP env")
-    ap.add_argument("--tokens", type=int, default=64, help="--neighbour: tokens a run decodes")
-    ap.add_argument("--repeats", type=int, default=3, help="--neighbour: runs of each")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--repeats", type=int, default=5, help="--ceiling: runs of each pass")
+    ap.add_argument("--ceiling", type=int, metavar="N",
+                    help="price plain AR's closed loop on the first N HumanEval prompts")
+    ap.add_argument("--max-tokens", type=int, default=64, help="--ceiling: tokens a request")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                    help="--ceiling: clients")
     args = ap.parse_args(argv)
-    if args.child or args.neighbour:
-        return child(args) if args.child else neighbour(args, argv)
+    try:
+        options = dict(named_json(a, "--arm") for a in args.arm) or {"default": {}}
+    except ValueError as e:
+        ap.error(str(e))
     from specdec.engine.loading import load_target
 
-    torch.set_num_threads(args.threads[0])
-    shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
-    running = max(b for b, _ in shapes)
-    options = dict(parse_arm(a) for a in args.arm) or {"default": {}}
-    arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o}, kv_slots=running + 1),
-                         running, args.context) for name, o in options.items()}
-    result = {"date": now(), "machine": machine_line(), "arms": options,
-              "command": command("bench.passes", argv),
-              **sweep(arms, shapes, args.prompts)}
-    md = "\n".join(table(result, list(arms), args.context)) + "\n"
+    torch.set_num_threads(args.threads)
+    result = {"date": now(), "machine": machine_line(), "command": command("bench.passes", argv)}
+    if args.ceiling:  # the served numerics
+        target = load_target(args.target, dtype="auto", kv_slots=max(args.concurrency) + 1)
+        priced, lines = ceiling(target, args)
+        result |= priced
+    else:
+        shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
+        running = max(b for b, _ in shapes)
+        arms = {name: Passes(load_target(args.target, **{"dtype": "auto", **o},
+                                         kv_slots=running + 1), running, args.context)
+                for name, o in options.items()}
+        result |= {"arms": options, **sweep(arms, shapes, args.prompts)}
+        lines = table(result, list(arms), args.context)
+    md = "\n".join(lines) + "\n"
     print(md, end="")
     if args.out:
-        write(args.out, "passes", result, md)
+        write(args.out, "ceiling" if args.ceiling else "passes", result, md)
 
 
 if __name__ == "__main__":

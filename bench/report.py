@@ -1,7 +1,7 @@
 """What every harness's report shares, and the engine harness's Markdown.
 
 Shared: ``machine`` (the one machine description; ``machine_line`` is it in one line), ``now``,
-``command`` (the command line a result records), ``write`` (the one report writer: JSON and its
+``command`` (the command line a result records), ``named_json`` (a ``NAME=JSON`` option), ``write`` (the one report writer: JSON and its
 Markdown, each file replaced whole) and ``goal_rows`` (a goal set as a table). The engine's
 results dict: ``meta``, ``methods``, ``not_measured``, ``workloads`` (prompt ids and method ->
 metrics), ``claims`` and ``goals`` (rows of ``bench.metrics.evaluate``).
@@ -48,8 +48,9 @@ def machine(device: str = "cpu") -> dict:
     return info
 
 
-def machine_line() -> str:
-    m = machine()
+def machine_line(m: dict | None = None) -> str:
+    """``m`` (default: this machine's ``machine()``) in one line."""
+    m = m or machine()
     return (f"{m['cpu']} ({' '.join(m['cpu_flags']) or 'no AVX2'}), {m['cores']} CPU cores, "
             f"{m['torch_threads']} threads, torch {m['torch']}")
 
@@ -61,6 +62,20 @@ def now(fmt: str = "%Y-%m-%d %H:%M:%S %Z") -> str:
 def command(module: str, argv: list[str] | None) -> str:
     """``python -m MODULE ARGS`` as it ran (``argv`` None: this process's arguments)."""
     return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def named_json(text: str, option: str, taken=()) -> tuple[str, dict]:
+    """A ``NAME=JSON`` option's value (an arm, a variant) -> (name, the JSON object)."""
+    name, sep, body = text.partition("=")
+    try:
+        value = json.loads(body) if sep and name else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{option} {text!r}: the part after '=' is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option} {text!r}: expected NAME={{JSON object}}")
+    if name in taken:
+        raise ValueError(f"{option} {text!r}: the name {name!r} is taken")
+    return name, value
 
 
 def write(out: Path, stem: str, result: dict, md: str | None = None, indent: int = 2) -> list[Path]:
@@ -95,7 +110,7 @@ def _pct(x) -> str:
 
 
 COLUMNS = ("method | tokens/s | vs ar | mean acc. len | target passes /100 tok | drafter | "
-           "pre-verifier | target | overhead | peak RSS MB | same as ar | target log-lik./tok | "
+           "pre-verifier | target | overhead | same as ar | target log-lik./tok | "
            "regret /req | pass@1 | draft sources (rounds)")
 
 
@@ -104,7 +119,7 @@ def method_row(name: str, m: dict) -> str:
     cells = [name, _num(m["tokens_per_s"]), _num(m.get("ratio_to_ar")),
              _num(m.get("mean_accepted_length")), _num(m.get("target_passes_per_100_tokens"), ".1f"),
              *(_pct(share.get(k)) for k in ("drafter", "preverifier", "target", "overhead")),
-             _num(m.get("peak_rss_mb"), ".0f"), _pct(m["same_as_ar"]),
+             _pct(m["same_as_ar"]),
              _num(m.get("target_log_likelihood"), ".4f"),
              _num(m.get("regret_per_request")) if not m["strict"] else "-",
              _pct(m.get("pass_at_1")), ", ".join(f"{k} {v}" for k, v in mix.items()) if mix else "-"]
@@ -128,14 +143,12 @@ def comparison_rows(rows: list[dict], goal: bool) -> list[str]:
 
 
 def markdown(results: dict) -> str:
-    meta, mach = results["meta"], results["meta"]["machine"]
+    meta = results["meta"]
     lines = [
         f"# Engine benchmark, {meta['date']}", "",
         f"Command: `{meta['command']}` (commit {(meta['git']['commit'] or 'unknown')[:12]}"
         f"{', uncommitted changes' if meta['git']['dirty'] else ''}).",
-        f"Machine: {mach['cpu']} ({' '.join(mach.get('cpu_flags') or ['no AVX2'])}), "
-        f"{mach['cores']} cores, torch {mach['torch']} on "
-        f"{mach['device']} with {mach['torch_threads']} threads, Python {mach['python']}.",
+        f"Machine: {machine_line(meta['machine'])} on {meta['machine']['device']}.",
         f"Pair: target {meta['target']} ({meta['dtype']}), drafter {meta['drafter']}, "
         f"pre-verifier {meta['preverifier']}. Greedy, {meta['max_new_tokens']} new tokens, "
         f"{meta['repeats']} repeat(s), methods interleaved per prompt. Definitions: "

@@ -153,8 +153,6 @@ def train_drafter(ctx: Context) -> dict:
 
 
 def train_preverifier(ctx: Context) -> dict:
-    from dataclasses import fields, replace
-
     from pipelines.train_preverifier import evaluate, pick, train_step
     from specdec.algorithms.verify import make_verifier
     from specdec.engine.loading import load_pair
@@ -174,9 +172,7 @@ def train_preverifier(ctx: Context) -> dict:
         mine = [r for k, r in records if k == key]
         steps.append(Step(torch.tensor([r.hidden for r in mine]),
                           torch.tensor([float(r.accepted) for r in mine])))
-    packed = pack_steps(steps, pack_len=16)
-    packed = replace(packed, **{f.name: getattr(packed, f.name).to(device)
-                                for f in fields(packed)})
+    packed = pack_steps(steps, pack_len=16).to(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         net = PreVerifier(PreVerifierConfig(input_size=packed.hidden.shape[-1], width=16,

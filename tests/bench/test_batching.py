@@ -1,6 +1,6 @@
 """The serving benchmark at concurrency (``bench.batching``) end to end on the tiny pair, in its
 own process (it starts its own Ray): the served SD app returns the in-process engine's tokens at
-every level, and the report holds each level, the goals and the plot. An external
+every level, and the report holds each level and the goals. An external
 OpenAI-compatible server is an arm beside them (a peer such as llama-server): here the tiny app's
 own AR route stands in for it, a real server the harness reaches only through its URL."""
 
@@ -50,7 +50,6 @@ def test_the_served_path_is_measured_against_the_in_process_engine_and_a_peer(tm
     goal = result["goals"]["sd_served_c1_over_engine"]
     assert goal["value"] > 0 and goal["met"] == (goal["value"] >= 0.95)
     assert result["meta"]["prompts"] == len(PROMPTS)
-    assert (out / "concurrency.png").stat().st_size > 1000
     md = (out / "result.md").read_text()
     assert "| sd_engine | 1 |" in md and "| peer | 2 |" in md
     assert "not compared | not compared |" in md and "outputs not compared" in md
@@ -69,25 +68,20 @@ def test_a_bad_prompts_file_is_refused(tmp_path):
     assert done.returncode != 0 and "--prompts-file" in done.stderr
 
 
-def test_a_peer_needs_a_name_and_a_url_and_llama_server_a_gguf_target(tmp_path, capsys):
-    from bench.batching import main, parse_peer
+def test_a_peer_needs_a_name_and_a_url():
+    from bench.batching import parse_peer
 
     assert parse_peer("llama=http://127.0.0.1:8080/") == ("llama", "http://127.0.0.1:8080")
     for bad in ("llama", "=http://x", "llama=127.0.0.1:8080", "sd=http://x"):
         with pytest.raises(ValueError, match="--peer"):
             parse_peer(bad)
-    prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps(PROMPTS))
-    with pytest.raises(SystemExit):  # the tiny target has no GGUF for llama.cpp to run
-        main(["--config", str(ROOT / "configs/serve/tiny.yaml"), "--prompts-file", str(prompts),
-              "--llama-server", "llama-server"])
-    assert "--llama-server" in capsys.readouterr().err
 
 
 def test_a_variant_is_the_default_with_some_args_changed():
-    from bench.batching import method_args, parse_variant
+    from bench.batching import BUILTIN, method_args
+    from bench.report import named_json
 
-    name, changes = parse_variant('sd_caps={"batching": {"draft_caps": {"8": 2}}}')
+    name, changes = named_json('sd_caps={"batching": {"draft_caps": {"8": 2}}}', "--variant", BUILTIN)
     sd = {"drafter": "suffix", "suffix": {"index": "x"}, "batching": {"max_batch": 32}}
     apps = method_args(sd, {name: changes})
     assert apps["sd_caps"]["batching"] == {"max_batch": 32, "draft_caps": {"8": 2}}
@@ -97,7 +91,7 @@ def test_a_variant_is_the_default_with_some_args_changed():
     assert plain == {"drafter": "none", "dtype": "bfloat16", "batching": {"max_batch": 32}}
     for bad in ("sd_caps", "sd_caps=[1]", "sd_caps={oops", 'sd={"x": 1}'):
         with pytest.raises(ValueError, match="--variant"):
-            parse_variant(bad)
+            named_json(bad, "--variant", BUILTIN)
 
 
 def test_each_method_is_checked_against_plain_decoding_of_its_own_numerics():

@@ -65,24 +65,14 @@ def results(env):
     return engine.run(tiny_config(), "test", quick=False)
 
 
-def test_writes_results_plots_and_an_mlflow_run(results, env):
+def test_writes_results_json_and_markdown(results, env):
     out = env / "out"
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["workloads"].keys() == {"humaneval", "sharegpt"}
-    for stem in ("speedup", "acceptance_per_position", "asd_frontier"):
-        assert (out / f"{stem}.png").stat().st_size > 1000
     md = (out / "results.md").read_text()
     assert "### humaneval (2 prompts)" in md and "| pacer |" in md and "## Goals" in md
     meta = on_disk["meta"]
     assert meta["machine"]["cores"] and meta["machine"]["torch"] and meta["git"]["commit"]
-
-    import mlflow
-
-    runs = mlflow.search_runs(experiment_names=["specdec-tiny"], output_format="list")
-    run = next(r for r in runs if r.info.run_name == "benchmark")
-    logged = {Path(a.path).name for a in mlflow.MlflowClient().list_artifacts(run.info.run_id,
-                                                                                "benchmark")}
-    assert {"results.json", "results.md", "speedup.png"} <= logged
 
 
 def test_fixed_subsets_from_the_benchmark_split_only(results):
@@ -189,7 +179,7 @@ def test_the_default_is_the_fastest_lossless_method_on_every_workload():
 
 def test_a_strict_method_is_checked_against_the_plain_decoding_of_its_dtype():
     def rec(method, tokens):
-        return bench_methods.Record(method, "w", "p", 0, tokens, 1.0, None, None)
+        return bench_methods.Record(method, "w", "p", 0, tokens, 1.0, None)
 
     methods = [bench_methods.Method("ar", None), bench_methods.Method("ar_bf16", None, strict=False),
                bench_methods.Method("sd_bf16", None, reference="ar_bf16"),

@@ -1,12 +1,14 @@
 """The passes harness (bench/passes.py) on the tiny pair: arms loaded through ``load_target``,
-every pass and prefill timed in each arm in turn, the logit gap between them, the table; plain
-decoding alone and beside a busy process, each arm's OpenMP variables in a process of its own."""
+every pass and prefill timed in each arm in turn, the logit gap between them, the table; the
+ceiling's pricing of the served closed loop from pass costs."""
 
 from __future__ import annotations
 
 import json
 
-from bench.passes import Passes, main, sweep, table
+import pytest
+
+from bench.passes import Passes, aggregate_time, ceilings, latency, main, sweep, table
 from specdec.engine.loading import load_target
 
 
@@ -31,21 +33,34 @@ def test_a_pass_feeds_each_running_request_its_tokens_beside_a_prompt(tiny_llama
     assert [s.length for s in passes.states] == [5, 5, 5]
 
 
-def test_each_neighbour_arm_runs_in_a_process_started_with_its_openmp_environment(tiny_llama,
-                                                                                  tmp_path):
-    """``--neighbour`` on the tiny target, one thread, the smallest run: each arm's process has
-    its own variables from the start, and OpenMP took them (an active one spins while the
-    process sleeps, a passive one does not); both rates of every arm, and the report."""
-    main(["--neighbour", "--target", tiny_llama["target"], "--threads", "1", "--tokens", "2",
-          "--repeats", "1", "--context", "4", "--out", str(tmp_path),
-          "--arm", 'passive={"OMP_WAIT_POLICY": "PASSIVE"}',
-          "--arm", 'active={"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "100000000"}'])
-    rows = {r["arm"]: r for r in json.loads((tmp_path / "neighbour.json").read_text())["rows"]}
-    assert rows["passive"]["omp"] == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}
-    assert rows["active"]["omp"]["OMP_WAIT_POLICY"] == "ACTIVE"
-    assert rows["active"]["spin_ms"] > max(5.0, 10 * rows["passive"]["spin_ms"])
-    for r in rows.values():
-        assert len(r["alone"]) == len(r["beside"]) == 1 and r["alone_tok_s"] > 0
-        assert r["ratio"] == round(r["beside_tok_s"] / r["alone_tok_s"], 3)
-    md = (tmp_path / "neighbour.md").read_text().splitlines()
-    assert [line.split(" | ")[0] for line in md[4:]] == ["| passive", "| active"]
+# ---- the ceiling: the served closed loop priced from pass costs ------------------------------
+def test_one_client_pays_each_prefill_and_every_other_token_in_its_own_pass():
+    # 2 prompts of 10 and 20 tokens, 5 tokens each: prefills 30 + 50, 2 x 4 decodes of 7
+    assert aggregate_time([10, 20], 5, 1, 7.0, {10: 30.0, 20: 50.0}) == pytest.approx(80 + 56)
+    # 4 prompts x 9 tokens at 2 clients: 4 joined steps carry one decode each, the other
+    # 4 x 8 - 4 = 28 decodes run in 14 steps of 2
+    assert aggregate_time([10] * 4, 9, 2, 12.0, {10: 40.0}) == pytest.approx(4 * 40 + 14 * 12)
+
+
+def test_latency_adds_one_joined_step_of_each_other_client():
+    assert latency(10, 5, 1, 7.0, 30.0) == pytest.approx(30 + 4 * 7)
+    assert latency(10, 5, 3, 9.0, 40.0) == pytest.approx(40 + 4 * 9 + 2 * (40 - 9))
+
+
+def test_when_rows_cost_nothing_c_clients_make_c_times_the_tokens_as_fast():
+    decode = {1: 10.0, 8: 10.0}  # every pass costs the same, whatever its rows
+    out = ceilings([5] * 16, 9, decode, {1: {5: 10.0}, 8: {5: 10.0}})
+    assert out["goals"]["ar_c8_over_c1"]["value"] == pytest.approx(8.0)
+    assert out["goals"]["ar_p50_c8_over_c1"]["value"] == pytest.approx(1.0)  # nor wait longer
+    assert out["goals"]["ar_c8_over_c1"]["met"] and out["goals"]["ar_p50_c8_over_c1"]["met"]
+    assert set(out["goals"]) == {"ar_c8_over_c1", "ar_p50_c8_over_c1"}  # no SD priced here
+
+
+def test_the_ceiling_prices_the_first_humaneval_prompt_on_the_tiny_target(tiny_llama, tmp_path):
+    main(["--ceiling", "1", "--target", tiny_llama["target"], "--concurrency", "1", "2",
+          "--repeats", "1", "--max-tokens", "4", "--context", "4", "--threads", "1",
+          "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "ceiling.json").read_text())
+    assert set(result["levels"]) == {"1", "2"} and len(result["prompt_tokens"]) == 1
+    assert all(r["tokens_per_s"] > 0 and r["decode_ms"] > 0 for r in result["levels"].values())
+    assert "| 2 |" in (tmp_path / "ceiling.md").read_text()
