@@ -129,7 +129,7 @@ class TargetActor(RequestHost):
                  kv_slots: int = 8, batching: dict | None = None, local_drafter: dict | None = None,
                  attention: str = "auto", linears: str = "auto", kv_cache_dtype: str = "auto",
                  max_model_len: int | None = None, backend: str = "auto", isa: str = "auto",
-                 drafter: DrafterClient | None = None):
+                 drafter: DrafterClient | None = None, threads_by_load: str = "auto"):
         torch.set_num_threads(threads)  # Ray sets OMP_NUM_THREADS=1 for fractional CPU shares
         # models:/NAME@ALIAS references download from the MLflow registry on this node
         target_ref, drafter_ref = resolve_model_ref(target_ref), resolve_model_ref(drafter_ref)
@@ -140,7 +140,7 @@ class TargetActor(RequestHost):
             target = load_target(target_ref, drafter_ref, dtype, device, kv_slots,
                                  attention=attention, linears=linears,
                                  kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                                 backend=backend, isa=isa)
+                                 backend=backend, isa=isa, threads_by_load=threads_by_load)
             return TargetWorker(target, features=bool(target_taps(drafter_ref)))
 
         self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching),

@@ -31,12 +31,22 @@ prefill makes the first), every prefill runs in a joined step and the other deco
 one of its steps; ``P`` the median prompt). The aggregate ratio is ``time(1) / time(c)``.
 
     python -m bench.passes --ceiling 16 --max-tokens 64 --concurrency 1 2 4 8 16 --out DIR
+
+``--neighbour``: plain decoding (one request, ``--tokens`` one-token passes in a row) alone and
+beside one busy process (``python -c "while True: pass"``), every arm in turn in each (each
+repeat starts at the next arm), the neighbour started afresh for every repeat; an arm's
+``threads`` option is its torch threads.
+
+    python -m bench.passes --neighbour --tokens 256 --repeats 5 --arm 'by_load={}' \
+        --arm 'fixed={"threads_by_load": "off"}' --arm 'one={"threads": 1}' --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -191,6 +201,54 @@ def ceiling(target, args) -> tuple[dict, list[str]]:
     return {"prompt_tokens": lengths, "max_tokens": args.max_tokens, **priced}, lines
 
 
+# ---- beside a busy neighbour --------------------------------------------------------------------
+def neighbour(args, options: dict[str, dict]) -> tuple[dict, list[str]]:
+    """Every arm's plain decoding alone and beside a busy process, in turn; medians."""
+    from specdec.engine.loading import load_target
+
+    arms = {}
+    for name, o in options.items():
+        o = dict(o)
+        threads = o.pop("threads", args.threads)
+        torch.set_num_threads(threads)
+        target = load_target(args.target, **{"dtype": "auto", **o}, kv_slots=2)
+        arms[name] = threads, Passes(target, 1, args.context)
+    rates = {name: {"alone": [], "beside": []} for name in arms}
+    names = list(arms)
+    for i in range(args.repeats):
+        order = names[i % len(names):] + names[:i % len(names)]  # each arm first in turn
+        for where in ("alone", "beside"):
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) \
+                if where == "beside" else None
+            try:
+                time.sleep(0.3 if busy else 0)  # the neighbour's interpreter up and spinning
+                for name in order:
+                    threads, passes = arms[name]
+                    torch.set_num_threads(threads)
+                    passes.time([1])
+                    ms = sum(passes.time([1]) for _ in range(args.tokens))
+                    rates[name][where].append(round(args.tokens * 1e3 / ms, 1))
+            finally:
+                if busy:
+                    busy.kill()
+                    busy.wait()
+    lines = [f"Plain decoding ({args.tokens} tokens after {args.context} cached ones; medians of "
+             f"{args.repeats}), alone and beside one busy process:", "",
+             "| arm | threads | passes at 1 / more threads | alone tok/s | beside tok/s | "
+             "beside / alone |", "|" + " --- |" * 6]
+    rows = []
+    for name, (threads, passes) in arms.items():
+        alone, beside = (statistics.median(rates[name][w]) for w in ("alone", "beside"))
+        governor = passes.target.runtime.governor if passes.target.runtime else None
+        split = "-" if governor is None else f"{governor.passes[1]} / {governor.passes[threads]}"
+        rows.append({"arm": name, "threads": threads, **rates[name], "alone_tok_s": alone,
+                     "beside_tok_s": beside, "ratio": round(beside / alone, 3), "passes": split,
+                     "plan": passes.target.plan.describe() if passes.target.plan else None})
+        lines.append(f"| {name} | {threads} | {split} | {alone:.1f} | {beside:.1f} | "
+                     f"{beside / alone:.2f} |")
+    return {"tokens": args.tokens, "context": args.context, "arms": options, "rows": rows}, lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -200,7 +258,10 @@ def main(argv=None) -> None:
     ap.add_argument("--context", type=int, default=160)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--repeats", type=int, default=5, help="--ceiling: runs of each pass")
+    ap.add_argument("--repeats", type=int, default=5, help="--ceiling, --neighbour: runs of each")
+    ap.add_argument("--neighbour", action="store_true",
+                    help="plain decoding alone and beside a busy process, every arm in turn")
+    ap.add_argument("--tokens", type=int, default=256, help="--neighbour: tokens a run decodes")
     ap.add_argument("--ceiling", type=int, metavar="N",
                     help="price plain AR's closed loop on the first N HumanEval prompts")
     ap.add_argument("--max-tokens", type=int, default=64, help="--ceiling: tokens a request")
@@ -219,6 +280,9 @@ def main(argv=None) -> None:
         target = load_target(args.target, dtype="auto", kv_slots=max(args.concurrency) + 1)
         priced, lines = ceiling(target, args)
         result |= priced
+    elif args.neighbour:
+        measured, lines = neighbour(args, options)
+        result |= measured
     else:
         shapes = [tuple(int(x) for x in p.split("x")) for p in args.passes]
         running = max(b for b, _ in shapes)
@@ -230,7 +294,8 @@ def main(argv=None) -> None:
     md = "\n".join(lines) + "\n"
     print(md, end="")
     if args.out:
-        write(args.out, "ceiling" if args.ceiling else "passes", result, md)
+        stem = "ceiling" if args.ceiling else "neighbour" if args.neighbour else "passes"
+        write(args.out, stem, result, md)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ def spawn_actors(args: ServeArgs):
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
         args.target_resources.threads, ttl, device_of(args.target_resources), args.limits.kv_slots,
         batching, local, args.attention, args.linears, args.kv_cache_dtype, args.max_model_len,
-        args.backend, args.isa, None if drafter_actor is None else RemoteDrafter(drafter_actor))
+        args.backend, args.isa, None if drafter_actor is None else RemoteDrafter(drafter_actor),
+        threads_by_load=args.threads_by_load)
     return target_actor, drafter_actor
 
 

@@ -36,6 +36,7 @@ from specdec.runtime.plan import (
     ISAS,
     KV_CACHE_DTYPES,
     LINEARS,
+    SWITCHES,
     WAIT_POLICIES,
 )
 
@@ -155,6 +156,9 @@ class ServeArgs(Strict):
     # actors' and the replica's runtime_env: OMP_WAIT_POLICY); auto: libgomp's default, or what
     # the environment's OMP_WAIT_POLICY says
     omp_wait_policy: Literal[WAIT_POLICIES] = "auto"
+    # each pass on 1 thread or on target_resources.threads, whichever runs faster now (beside a
+    # busy process, one); auto: on where a pass's bits do not depend on its threads
+    threads_by_load: Literal[SWITCHES] = "auto"
     speculative: Speculative = Speculative()
     target_resources: Resources = Resources()
     drafter_resources: Resources = Resources(num_cpus=0.5)

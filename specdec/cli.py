@@ -27,6 +27,7 @@ from specdec.runtime.plan import (
     ISAS,
     KV_CACHE_DTYPES,
     LINEARS,
+    SWITCHES,
     WAIT_POLICIES,
 )
 
@@ -74,12 +75,16 @@ def add_runtime(g) -> None:
                    help="torch's threads (default: the CPUs this process may use)")
     r.add_argument("--omp-wait-policy", default="auto", choices=WAIT_POLICIES,
                    help="how OpenMP's threads wait between parallel regions (auto: libgomp's default)")
+    r.add_argument("--threads-by-load", default="auto", choices=SWITCHES,
+                   help="each pass on 1 thread or --threads, the faster now (auto: on where a "
+                        "pass's bits do not depend on its threads)")
 
 
 def runtime_knobs(args) -> dict:
     return dict(backend=args.backend, linears=args.linears, attention=args.attention,
                 kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len,
-                omp_wait_policy=args.omp_wait_policy, isa=args.isa)
+                omp_wait_policy=args.omp_wait_policy, isa=args.isa,
+                threads_by_load=args.threads_by_load)
 
 
 def add_plan(sub) -> None:

@@ -4,7 +4,7 @@ A file is a serve config (``applications``: each app's ``args``), a KubeRay mani
 RayService's ``serveConfigV2``, or a RayJob's entrypoint ``--config FILE``), or a pipeline
 config (a top-level ``target``). Each names a target and its runtime knobs (``dtype``,
 ``backend``, ``linears``, ``attention``, ``kv_cache_dtype``, ``max_model_len``,
-``omp_wait_policy``, ``isa``; the threads: a serve app's ``target_resources.threads``, a
+``omp_wait_policy``, ``isa``, ``threads_by_load``; the threads: a serve app's ``target_resources.threads``, a
 pipeline's ``torch_threads``) and declares its device: a serve app's target actor is on a GPU
 when ``target_resources.num_gpus > 0``; a pipeline's when its ``device`` says so, or its actors or workers take GPUs. A pipeline's
 target holds ``actors.batch_size`` requests at once (else ``kv_slots``, else
@@ -26,7 +26,7 @@ SERVE_SLOTS = 32  # a serve config's limits.kv_slots when it sets none (cluster.
 SERVE_THREADS = 1  # an actor's torch threads when its resources set none (cluster.schema reads it)
 PIPELINE_SLOTS = 8  # a pipeline's target without a batch size: load_target's default
 KNOBS = ("dtype", "backend", "linears", "attention", "kv_cache_dtype", "max_model_len",
-         "omp_wait_policy", "isa")
+         "omp_wait_policy", "isa", "threads_by_load")
 
 
 @dataclass(frozen=True)

@@ -53,17 +53,20 @@ def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float3
                 block_drafter: str | None = None, attention: str = "auto",
                 linears: str = "auto", kv_cache_dtype: str = "auto",
                 max_model_len: int | None = None, backend: str = "auto",
-                omp_wait_policy: str = "auto", isa: str = "auto") -> TargetModel:
+                omp_wait_policy: str = "auto", isa: str = "auto",
+                threads_by_load: str = "auto") -> TargetModel:
     """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime
     as the plan of its knobs says (``specdec.runtime.RuntimeConfig``: ``kv_slots`` requests of
     ``max_model_len`` positions at once, ``backend`` torch or x86, its linears, attention, KV
-    dtype and x86 kernels' ``isa``, the OpenMP wait policy its process started with)."""
+    dtype and x86 kernels' ``isa``, the OpenMP wait policy its process started with, and
+    ``threads_by_load``)."""
     taps = target_taps(drafter_ref, block_drafter)
     return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=taps, device=device,
                                        pool_size=kv_slots, attention=attention, linears=linears,
                                        kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
                                        runtime_backend=backend,
-                                       omp_wait_policy=omp_wait_policy, isa=isa)
+                                       omp_wait_policy=omp_wait_policy, isa=isa,
+                                       threads_by_load=threads_by_load)
 
 
 def load_drafter_side(drafter_ref: str, target_ref: str, dtype: str = "float32",

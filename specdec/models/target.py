@@ -81,7 +81,8 @@ class TargetModel:
                  pool_size: int = 8, attention: str = "auto", linears: str = "auto",
                  blocks: dict[str, gguf_blocks.Blocks] | None = None,
                  kv_cache_dtype: str = "auto", max_model_len: int | None = None,
-                 runtime_backend: str = "auto", plan: Plan | None = None, isa: str = "auto"):
+                 runtime_backend: str = "auto", plan: Plan | None = None, isa: str = "auto",
+                 threads_by_load: str = "auto"):
         """On the runtime: ``plan`` (resolved from the model's device and dtype and the other
         knobs when not given: ``specdec.runtime.RuntimeConfig``'s fields); ``blocks``: the GGUF
         blocks of the model's linears (``gguf_blocks.load``), which the plan may run."""
@@ -104,7 +105,8 @@ class TargetModel:
         if self.backend == "runtime":
             self.plan = plan or resolve_plan(RuntimeConfig(
                 str(self.device), dtype_name(self.dtype), runtime_backend, linears, attention,
-                kv_cache_dtype, max_model_len, pool_size, torch.get_num_threads(), isa=isa),
+                kv_cache_dtype, max_model_len, pool_size, torch.get_num_threads(), isa=isa,
+                threads_by_load=threads_by_load),
                 config, blocks is not None)
             self.runtime = load_forward(model, self.plan, blocks, self.tap_layers)
             self.max_length = self.plan.max_model_len
@@ -116,14 +118,15 @@ class TargetModel:
                         attention: str = "auto", linears: str = "auto",
                         kv_cache_dtype: str = "auto", max_model_len: int | None = None,
                         runtime_backend: str = "auto", omp_wait_policy: str = "auto",
-                        isa: str = "auto"):
+                        isa: str = "auto", threads_by_load: str = "auto"):
         """The model ``ref`` (``sources.resolve``): on the runtime its plan is resolved first,
         from its config alone, and decides the dtype, the device and which weights load."""
         path = resolve(ref)
         plan = load_plan(path, AutoConfig.from_pretrained(path), dtype, device, backend,
                          runtime_backend=runtime_backend, linears=linears, attention=attention,
                          kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                         slots=pool_size, omp_wait_policy=omp_wait_policy, isa=isa)
+                         slots=pool_size, omp_wait_policy=omp_wait_policy, isa=isa,
+                         threads_by_load=threads_by_load)
         torch_dtype = load_dtype(plan, dtype)
         where = torch.device(plan.device) if plan else parse_device(device)
         codes = plan is not None and plan.linears in ("int8", "quantized")

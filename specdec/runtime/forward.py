@@ -30,16 +30,18 @@ import torch.nn.functional as F
 from specdec.runtime.backend import Backend, Linear, rms_norm, rope
 from specdec.runtime.batch import Group, Row, RowOutput, plan_groups
 from specdec.runtime.pool import KVPool
+from specdec.runtime.threads import ThreadGovernor
 from specdec.runtime.weights import Layer, Weights
 
 
 class Forward:
     """The decoder over a ``Weights`` (its linears built by ``backend``) and a ``KVPool``;
-    ``__call__`` runs one ragged batch."""
+    ``__call__`` runs one ragged batch (on the threads its ``governor`` picks, if it has one)."""
 
     def __init__(self, weights: Weights, pool: KVPool, backend: Backend,
-                 tap_layers: Sequence[int] = ()):
+                 tap_layers: Sequence[int] = (), governor: ThreadGovernor | None = None):
         self.w, self.pool, self.backend, self.tap_layers = weights, pool, backend, tuple(tap_layers)
+        self.governor = governor  # threads by load (None: the process's threads, always)
         s = weights.shape
         self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
         dtype = weights.embed.dtype
@@ -97,8 +99,13 @@ class Forward:
                 raise ValueError(f"sequence of {c + len(r.ids)} tokens exceeds the KV slot's "
                                  f"{self.pool.max_len} positions (max_model_len)")
 
-    @torch.inference_mode()
     def __call__(self, rows: Sequence[Row]) -> list[RowOutput]:
+        if self.governor is None:
+            return self.run(rows)
+        return self.governor.run(sum(len(r.ids) for r in rows), lambda: self.run(rows))
+
+    @torch.inference_mode()
+    def run(self, rows: Sequence[Row]) -> list[RowOutput]:
         pool, s = self.pool, self.w.shape
         lengths = [pool.lengths[r.slot] for r in rows]
         self.check(rows, lengths)

@@ -9,6 +9,7 @@ from specdec.runtime.backend import Backend
 from specdec.runtime.forward import Forward
 from specdec.runtime.plan import Plan
 from specdec.runtime.pool import KVPool
+from specdec.runtime.threads import ThreadGovernor
 from specdec.runtime.weights import Weights
 
 
@@ -33,4 +34,5 @@ def load_forward(model, plan: Plan, blocks: dict | None = None,
     s = weights.shape
     pool = KVPool(s.layers, plan.slots, s.kv_heads, plan.max_model_len, s.head_dim,
                   plan.kv_torch_dtype, weights.embed.device)
-    return Forward(weights, pool, backend, tap_layers)
+    governor = ThreadGovernor(plan.threads) if plan.threads_by_load else None
+    return Forward(weights, pool, backend, tap_layers, governor)

@@ -51,6 +51,7 @@ LINEARS = ("auto", "torch", "onednn", "panels", "quantized", "int8")
 ATTENTIONS = ("auto", "sdpa", "kernel", "grouped", "per_query")
 KV_CACHE_DTYPES = ("auto", "model", "float16")
 WAIT_POLICIES = ("auto", "default", "active", "passive")
+SWITCHES = ("auto", "on", "off")
 CGROUP = Path("/sys/fs/cgroup")  # a container's own cgroup (a Kubernetes pod's CPU limit)
 ISAS = ("auto", "avx512", "avx2")  # the instruction sets specdec's x86 kernels are built for
 ROUND_LEN = 256  # an automatic max_model_len is a multiple of this
@@ -78,6 +79,8 @@ class RuntimeConfig:
     slots: int = 8  # KV slots: requests held at once
     threads: int | None = None  # torch's intra-op threads; None: the CPUs this process may use
     omp_wait_policy: str = "auto"  # how OpenMP's threads wait: default, passive, active, or auto
+    # each pass on 1 thread or on ``threads``, whichever runs faster now (specdec.runtime.threads)
+    threads_by_load: str = "auto"  # on, off, or auto (on where a pass's bits do not depend on it)
     # x86: the instruction set specdec's kernels run on: avx512 (all of them), avx2 (the int8
     # linear's AVX2 build only, as on a CPU without AVX-512), or auto (the CPU's)
     isa: str = "auto"
@@ -86,7 +89,8 @@ class RuntimeConfig:
         for name, allowed in (("dtype", DTYPE_NAMES), ("backend", BACKENDS),
                               ("linears", LINEARS), ("attention", ATTENTIONS),
                               ("kv_cache_dtype", KV_CACHE_DTYPES),
-                              ("omp_wait_policy", WAIT_POLICIES), ("isa", ISAS)):
+                              ("omp_wait_policy", WAIT_POLICIES), ("isa", ISAS),
+                              ("threads_by_load", SWITCHES)):
             if getattr(self, name) not in allowed:
                 raise PlanError(f"{name} must be one of {list(allowed)}, "
                                 f"not {getattr(self, name)!r}")
@@ -134,6 +138,7 @@ class Plan:
     omp_wait_policy: str  # default | passive | active: how OpenMP's threads wait between regions
     reasons: tuple[str, ...] = ()  # how each auto was decided
     isa: str = ""  # x86: the instruction set its kernels run on (avx512 | avx2 | none); else ""
+    threads_by_load: bool = False  # each pass on 1 thread or ``threads``, the faster now
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -169,7 +174,8 @@ def describe(plan: dict) -> str:
              f"{gib(m['weights'])}, KV pool {gib(m['kv_pool'])}, workspace "
              f"{gib(m['workspace'])}, total {gib(m['total'])} of {room}"]
     if "threads" in plan:  # a plan of before these fields (an older server's /health) has none
-        lines.append(f"  {plan['threads']} torch threads, OpenMP wait policy "
+        by_load = " (or 1, by load)" if plan.get("threads_by_load") else ""
+        lines.append(f"  {plan['threads']} torch threads{by_load}, OpenMP wait policy "
                      f"{plan['omp_wait_policy']}")
     return "\n".join(lines + [f"  ({r})" for r in plan["reasons"]])
 
@@ -249,10 +255,12 @@ def resolve_plan(config: RuntimeConfig, model_config, blocks: bool = False,
     max_len, mem = fit(config, model_config, shape, kinds, bound, reasons)
     threads = pick_threads(config.threads, reasons)
     policy = pick_wait_policy(config.omp_wait_policy, environ, reasons)
+    by_load = pick_threads_by_load(config.threads_by_load, device, threads,
+                                   kinds.get("thread_invariant", False), reasons)
     return Plan(str(device), backend, kinds["dtype"], kinds["numerics"], kinds["linears"],
                 kinds["attention"], kinds["kv_cache_dtype"], kinds["batch_invariant"],
                 kinds["fused"], max_len, config.slots, mem, threads, policy, tuple(reasons),
-                kinds["isa"])
+                kinds["isa"], by_load)
 
 
 def pick_backend(name: str, device: torch.device) -> str:
@@ -377,6 +385,28 @@ def pick_threads(asked: int | None, reasons: list) -> int:
     n, why = usable_cpus()
     reasons.append(f"threads auto: {n}, {why}")
     return n
+
+
+def pick_threads_by_load(asked: str, device: torch.device, threads: int, invariant: bool,
+                         reasons: list) -> bool:
+    """Whether each pass runs on the faster of 1 and ``threads`` threads now: on a CPU, with
+    threads to choose between, where a pass's bits do not depend on its threads
+    (``invariant``: the backend's kinds say so), so the choice never changes a token. Auto is
+    on there, chosen by measurement (docs/RESULTS.md#runtime): beside a busy process a pass on
+    every CPU ran several times slower than on one, and alone the choice costs a try now and
+    then."""
+    why = ("the device is not a CPU" if device.type != "cpu" else
+           "there is one thread" if threads < 2 else
+           None if invariant else
+           "a pass's bits could depend on its threads (only specdec's kernel linears with "
+           "batch-invariant attention are known not to)")
+    if asked == "on" and why:
+        raise PlanError(f"threads_by_load: on, but {why} (threads_by_load: auto or off)")
+    if asked == "auto":
+        reasons.append(f"threads_by_load auto: {'off, ' + why if why else 'on, '}"
+                       + ("" if why else "each pass on 1 thread or "
+                          f"{threads}, the faster now (a pass's bits do not depend on it)"))
+    return asked != "off" and why is None
 
 
 def pick_wait_policy(asked: str, environ: Mapping[str, str] | None, reasons: list) -> str:

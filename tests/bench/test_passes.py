@@ -1,12 +1,14 @@
 """The passes harness (bench/passes.py) on the tiny pair: arms loaded through ``load_target``,
 every pass and prefill timed in each arm in turn, the logit gap between them, the table; the
-ceiling's pricing of the served closed loop from pass costs."""
+ceiling's pricing of the served closed loop from pass costs; plain decoding beside a busy
+process."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from bench.passes import Passes, aggregate_time, ceilings, latency, main, sweep, table
 from specdec.engine.loading import load_target
@@ -64,3 +66,18 @@ def test_the_ceiling_prices_the_first_humaneval_prompt_on_the_tiny_target(tiny_l
     assert set(result["levels"]) == {"1", "2"} and len(result["prompt_tokens"]) == 1
     assert all(r["tokens_per_s"] > 0 and r["decode_ms"] > 0 for r in result["levels"].values())
     assert "| 2 |" in (tmp_path / "ceiling.md").read_text()
+
+
+def test_the_neighbour_mode_decodes_every_arm_alone_and_beside_a_busy_process(tiny_llama,
+                                                                              tmp_path):
+    before = torch.get_num_threads()
+    try:
+        main(["--neighbour", "--target", tiny_llama["target"], "--tokens", "3", "--repeats", "1",
+              "--context", "4", "--threads", "2", "--arm", "two={}", "--arm", 'one={"threads": 1}',
+              "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(before)
+    result = json.loads((tmp_path / "neighbour.json").read_text())
+    assert [(r["arm"], r["threads"]) for r in result["rows"]] == [("two", 2), ("one", 1)]
+    assert all(r["alone_tok_s"] > 0 and r["beside_tok_s"] > 0 for r in result["rows"])
+    assert "| one | 1 | - |" in (tmp_path / "neighbour.md").read_text()

@@ -220,27 +220,42 @@ def test_auto_picks_int8_for_a_model_with_blocks_and_int8_needs_them():
 
 def test_the_default_target_on_auto_runs_int8_and_a_verify_is_its_decodes():
     """SmolLM2-135M (a named source, its GGUF's blocks beside it) on ``linears: auto``: every
-    projection and the lm_head on the int8 kernel; a verify of 8 tokens gives bitwise the logits
-    of the 8 decodes one by one, and near the float32 panels' (the rows' rounding to int8)."""
+    projection and the lm_head on the int8 kernel; a verify of 8 tokens on two threads gives
+    bitwise the logits of the 8 decodes one by one on one thread (so threads by load never
+    change a token), and near the float32 panels' (the rows' rounding to int8)."""
     from specdec.engine.loading import load_target
 
-    logits = {}
-    for linears in ("auto", "panels"):
-        target = load_target("smollm2-135m", dtype="float32", kv_slots=2, linears=linears)
-        w, fwd = target.runtime.w, target.runtime
-        projs = w.projections()
-        assert all((p.kind == "int8") == (linears == "auto") for p in projs)
-        slots = [fwd.pool.acquire() for _ in range(2)]
-        for slot in slots:
-            fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
-        new = list(range(6, 14))
-        verify = fwd([Row(slots[0], new, logits_at=range(8))])[0].logits
-        if linears == "auto":
-            decodes = torch.cat([fwd([Row(slots[1], [t], logits_at=[0])])[0].logits for t in new])
-            assert torch.equal(verify, decodes)
-        logits[linears] = verify
+    logits, before = {}, torch.get_num_threads()
+    try:
+        for linears in ("auto", "panels"):
+            torch.set_num_threads(2)  # a governor leaves its last pass's count set
+            target = load_target("smollm2-135m", dtype="float32", kv_slots=2, linears=linears)
+            w, fwd = target.runtime.w, target.runtime
+            projs = w.projections()
+            assert all((p.kind == "int8") == (linears == "auto") for p in projs)
+            assert target.plan.threads_by_load
+            slots = [fwd.pool.acquire() for _ in range(2)]
+            for slot, threads in zip(slots, (2, 1), strict=True):
+                pin(fwd, threads)
+                fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
+            new = list(range(6, 14))
+            pin(fwd, 2)
+            verify = fwd([Row(slots[0], new, logits_at=range(8))])[0].logits
+            if linears == "auto":
+                pin(fwd, 1)
+                decodes = torch.cat([fwd([Row(slots[1], [t], logits_at=[0])])[0].logits
+                                     for t in new])
+                assert torch.equal(verify, decodes)
+            logits[linears] = verify
+    finally:
+        torch.set_num_threads(before)
     gap = float((logits["auto"] - logits["panels"]).abs().max())
     assert 0 < gap < 0.1 * float(logits["panels"].abs().max())
+
+
+def pin(fwd: Forward, threads: int) -> None:
+    """The forward's passes from now on at ``threads`` (its governor's choice pinned)."""
+    fwd.governor.choose = lambda tokens: (threads, False)
 
 
 def test_the_default_target_on_dtype_auto_is_float32_on_int8_rows():

@@ -16,6 +16,7 @@ from specdec.runtime.x86 import int8
 from tests.runtime.conftest import forward_of
 from tests.runtime.test_int8 import (
     check_speculation_commits_plain_decodings_tokens,
+    pin,
     quantized_target,
 )
 from tests.runtime.test_qpanels import FORMATS, case, quantized_llama
@@ -169,8 +170,9 @@ def test_speculation_on_avx2_int8_commits_plain_decodings_tokens(tiny_llama):
 def test_the_default_target_on_isa_avx2_runs_int8_and_a_verify_is_its_decodes():
     """SmolLM2-135M (its GGUF's blocks beside it) with ``isa: avx2``, as on a CPU without
     AVX-512: every projection and the lm_head on the AVX2 int8 kernel, and a verify of 8 tokens
-    gives bitwise the logits of the 8 decodes one by one (batch invariant), on two threads as
-    served (SDPA on two threads was not: the invariant attention runs on one)."""
+    gives bitwise the logits of the 8 decodes one by one (batch invariant), the verify on two
+    threads as served and the decodes on one, as threads by load may run them (SDPA on two
+    threads was not invariant: the invariant attention runs on one)."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -187,9 +189,12 @@ def check_a_verify_is_its_decodes():
     assert target.plan.isa == "avx2" and target.plan.batch_invariant
     assert all(p.kind == "int8" and p.isa == "avx2" for p in fwd.w.projections())
     slots = [fwd.pool.acquire() for _ in range(2)]
-    for slot in slots:
+    for slot, threads in zip(slots, (2, 1), strict=True):  # threads by load: either count
+        pin(fwd, threads)
         fwd([Row(slot, list(range(100, 140)), logits_at=[39], chunk=True)])
     new = list(range(6, 14))
+    pin(fwd, 2)
     verify = fwd([Row(slots[0], new, logits_at=range(8))])[0].logits
+    pin(fwd, 1)
     decodes = torch.cat([fwd([Row(slots[1], [t], logits_at=[0])])[0].logits for t in new])
     assert torch.equal(verify, decodes)

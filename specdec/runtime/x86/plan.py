@@ -48,8 +48,10 @@ def resolve_kinds(config: RuntimeConfig, shape: Shape, blocks: bool, reasons: li
                     f"the {INT8_BUILDS[isa]} kernel)")
     if kv == "float16" and dtype != "float16":
         numerics += "; keys and values rounded to float16 in the KV caches"
+    # specdec's kernels give each output to one thread, in a fixed order; invariant attention
+    # runs on one thread: a pass's bits then do not depend on its threads
     return dict(dtype=dtype, numerics=numerics, linears=linears, attention=attention,
-                kv_cache_dtype=kv, batch_invariant=invariant, isa=isa,
+                kv_cache_dtype=kv, batch_invariant=invariant, isa=isa, thread_invariant=invariant,
                 fused=dtype == "float32" and avx512_off(isa, fused.unavailable()) is None)
 
 
