@@ -8,9 +8,11 @@ the faster. ``ThreadGovernor`` times every pass and keeps, per size (new tokens,
 two), a running mean of a pass's seconds at each count. A pass runs at the faster count, and now
 and then at the other (a *try*), to see whether the load changed:
 
-- on every thread, a neighbour shows itself: the passes slow down, their mean passes one
-  thread's, and the next pass runs on one. So one thread is tried only every ``PATIENCE``
-  passes (and once early, to know its speed);
+- on every thread, a neighbour shows itself: the passes slow down, their mean passes
+  ``SWITCH`` times one thread's, and the next pass runs on one (beside a busy process a pass on
+  every thread takes several times one thread's; a served replica's own brief work beside the
+  target slows a pass by far less, and must not cost it its threads). So one thread is tried
+  only every ``PATIENCE`` passes (and once early, to know its speed);
 - on one thread, nothing shows that the neighbour has gone but a try, and a try beside a busy
   process can cost many passes: every thread is tried after a number of passes that grows with
   the square of how far it lost, at most ``PATIENCE``; and sooner when the CPUs this process may
@@ -40,6 +42,7 @@ EXPLORE = 64  # passes between tries of the other count while both are as fast
 PATIENCE = 1024  # the most passes between tries, however far the other count lost
 WEIGHT = 0.3  # a pass's weight in its count's running mean
 TRY_WEIGHT = 0.5  # a losing try's
+SWITCH = 1.25  # how much slower than one thread every thread must run to give way
 IDLE_LOOK = 0.05  # seconds between looks at the CPUs' idle time
 IDLE_SHARE = 0.5  # idle CPUs (on average, in CPUs) that say more threads would find a core
 STAT = Path("/proc/stat")
@@ -108,10 +111,10 @@ class ThreadGovernor:
         self.since += 1
         if one is None:
             due, best, other = self.since >= EXPLORE, self.most, 1
-        elif full <= one:
+        elif full <= SWITCH * one:
             due, best, other = self.since >= PATIENCE, self.most, 1
         else:
-            lost = full / one
+            lost = full / one  # > SWITCH
             due = self.since >= min(PATIENCE, EXPLORE * lost * lost)
             self.room_try = not due and self.since >= self.room_wait and self.idle.room()
             due, best, other = due or self.room_try, 1, self.most

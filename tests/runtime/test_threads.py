@@ -58,6 +58,14 @@ def test_a_neighbour_moves_it_to_one_thread_at_once_and_back_when_the_cpus_idle(
     assert run == "T222"  # tried at once, and it won
 
 
+def test_a_brief_slowdown_beside_it_keeps_every_thread():
+    """A pass or two slowed by a neighbour's short work (a served replica's) is no reason to
+    give up threads: the mean must pass ``SWITCH`` times one thread's."""
+    g = ThreadGovernor(2, Idle())
+    drive(g, {2: FAST, 1: SLOW}, EXPLORE + 1)
+    assert drive(g, {2: 1.5 * SLOW, 1: SLOW}, 2) + drive(g, {2: FAST, 1: SLOW}, 5) == "2" * 7
+
+
 def test_tries_prompted_by_idle_cpus_back_off_while_they_lose():
     """Idle CPUs that do not make two threads faster (a CPU quota): each losing try doubles
     the passes before the next; a win starts them over."""
