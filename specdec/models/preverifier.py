@@ -6,6 +6,10 @@ causal self-attention layer (a token may look at the tokens drafted before it, n
 and outputs one acceptance logit per token. Training packs many decoding steps into one sequence;
 ``step_ids`` keeps the steps apart in attention (block-diagonal causal mask).
 
+An input may be made of *parts* of different scales (the acceptance model's target hidden
+state, token embedding and drafter signals, ``specdec.models.acceptance``): each part is then
+layer-normed on its own before the one projection.
+
 An untrained pre-verifier runs (its scores are near 0.5); the paper reports about 2.1% of
 inference time for it.
 """
@@ -31,13 +35,34 @@ class PreVerifierConfig:
     heads: int = 4
     max_positions: int = 64  # longest draft it can score
     use_position: bool = True  # ablation: PACER without the positional embedding
+    # widths of the input's parts, each normalised on its own (sum = input_size); () one part
+    parts: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "parts", tuple(self.parts))  # a JSON list, read back
+        if self.parts and sum(self.parts) != self.input_size:
+            raise ValueError(f"pre-verifier parts {self.parts} do not add up to input_size "
+                             f"{self.input_size}")
+
+
+class PartNorm(nn.Module):
+    """LayerNorm over each part of the last dimension on its own: [..., sum(parts)]."""
+
+    def __init__(self, parts: tuple[int, ...]):
+        super().__init__()
+        self.parts = parts
+        self.norms = nn.ModuleList(nn.LayerNorm(n) for n in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pieces = x.split(self.parts, dim=-1)
+        return torch.cat([norm(p) for norm, p in zip(self.norms, pieces, strict=True)], dim=-1)
 
 
 class PreVerifier(nn.Module):
     def __init__(self, c: PreVerifierConfig):
         super().__init__()
         self.c = c
-        self.norm = nn.LayerNorm(c.input_size)
+        self.norm = PartNorm(c.parts) if c.parts else nn.LayerNorm(c.input_size)
         self.proj = nn.Linear(c.input_size, c.width)
         self.position = nn.Embedding(c.max_positions, c.width)
         self.attn = nn.MultiheadAttention(c.width, c.heads, batch_first=True)
@@ -71,11 +96,14 @@ class PreVerifier(nn.Module):
         positions = torch.arange(hidden.shape[0], device=hidden.device)[None]
         return torch.sigmoid(self(hidden[None], positions))[0]
 
-    def save(self, out: str | Path) -> Path:
+    def save(self, out: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Config and weights under ``out``; ``dtype``: store the weights in it (bfloat16 halves
+        the files; ``load`` casts them back into the module's float32)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(json.dumps(asdict(self.c), indent=2))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, out / WEIGHTS_FILE)
+        save_file({k: v.to(dtype or v.dtype).contiguous() for k, v in self.state_dict().items()},
+                  out / WEIGHTS_FILE)
         return out
 
     @classmethod
