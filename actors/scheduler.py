@@ -559,7 +559,7 @@ class TargetScheduler(BatchLoop):
         drafts = [w.draft for _, w in cut]
         fixed = sum(n for _, _, n in short) - sum(len(d.tokens) for d in drafts)
         rounds = sum(not w.prefill for w, _ in batch)
-        keep = fit_drafts([g.values(len(d.tokens), d.confidence) for d in drafts], fixed,
+        keep = fit_drafts([g.values(len(d.tokens), d.confidence, d.survival) for d in drafts], fixed,
                           g.cost, g.price(rounds))
         batch = list(batch)
         for (i, w), d, k in zip(cut, drafts, keep, strict=True):
@@ -574,7 +574,7 @@ class TargetScheduler(BatchLoop):
         the rounds' and prompt chunks' tokens it fed."""
         for rid, result in verified.items():
             d = drafts[rid]
-            self.goodput.round(d.confidence, len(d.tokens), result.accepted)
+            self.goodput.round(d.confidence, len(d.tokens), result.accepted, d.survival)
         self.goodput.step(sum(len(r.tokens) for r in verified.values()), seconds,
                           fed=sum(len(d.tokens) + 1 for d in drafts.values()), prefilled=prefilled)
 
@@ -605,7 +605,8 @@ class TargetScheduler(BatchLoop):
         """A prompt fully prefilled: start the drafter this target runs on it, if any."""
         if self.drafter is not None:
             try:
-                self.drafter.open({rid: req}, {rid: None})  # a drafter without a model reads no features
+                # a drafter without a model reads no features; its acceptance model, their root
+                self.drafter.open({rid: req}, {rid: features})
             except Exception as e:  # noqa: BLE001 -- this request only
                 return e
         return features, self.worker.room(rid)
@@ -651,7 +652,9 @@ def head(draft: Draft, k: int) -> Draft:
     """The draft's first ``k`` tokens (and their proposal rows, when sampling)."""
     probs = None if draft.probs is None else draft.probs[:k]
     confidence = None if draft.confidence is None else draft.confidence[:k]
-    return replace(draft, tokens=draft.tokens[:k], probs=probs, confidence=confidence)
+    survival = None if draft.survival is None else draft.survival[:k]
+    return replace(draft, tokens=draft.tokens[:k], probs=probs, confidence=confidence,
+                   survival=survival)
 
 
 def draft_rounds(worker: DraftWorker, calls: dict[str, DraftCall]) -> dict:

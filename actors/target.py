@@ -48,7 +48,8 @@ from specdec.engine.logprobs import TokenLogprobs
 from specdec.engine.settings import GenerationParams
 from specdec.engine.stats import RequestStats
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
-from specdec.models.drafters import runs_no_model
+from specdec.models.acceptance import load_acceptance
+from specdec.models.drafters import DRAFTERS, runs_no_model
 from specdec.models.registry import resolve_model_ref
 from specdec.models.suffix import SuffixConfig
 
@@ -136,12 +137,15 @@ class TargetActor(RequestHost):
         if drafter is not None and local_drafter is not None:
             raise ValueError("a target drafts with a drafter actor or its own drafter, not both")
 
+        # the acceptance model of the drafter this target runs: the target taps its root state
+        acceptance = bool(local_drafter and local_drafter.get("acceptance"))
+
         def build() -> TargetWorker:  # on the scheduler's thread, the one model thread
             target = load_target(target_ref, drafter_ref, dtype, device, kv_slots,
                                  attention=attention, linears=linears,
                                  kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                                 backend=backend, isa=isa)
-            return TargetWorker(target, features=bool(target_taps(drafter_ref)))
+                                 backend=backend, isa=isa, acceptance=acceptance)
+            return TargetWorker(target, features=bool(target_taps(drafter_ref)) or acceptance)
 
         self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching),
                                          drafter_builder(local_drafter, dtype))
@@ -321,16 +325,23 @@ class Report:
 
 def drafter_builder(spec: dict | None, dtype: str):
     """How the target actor builds the drafter it runs itself, for ``spec`` = {"drafter": a
-    drafter without a model (n-gram, suffix), "suffix": its SuffixConfig fields}; None: none."""
+    drafter without a model (n-gram, suffix), "suffix": its SuffixConfig fields, "acceptance":
+    its acceptance model (a directory, models:/NAME@ALIAS or ``untrained``; absent: none)};
+    None: none."""
     if spec is None:
         return None
     ref, suffix = spec["drafter"], spec.get("suffix")
     if not runs_no_model(ref):
         raise ValueError(f"the target runs only a drafter without a model (n-gram, suffix) "
                          f"itself, not {ref!r}")
+    acceptance_ref = resolve_model_ref(spec.get("acceptance"))  # models:/ on this node
 
     def build(worker: TargetWorker) -> DraftWorker:
         target = worker.target_model
-        return DraftWorker(load_drafter(ref, target, dtype, SuffixConfig(**suffix) if suffix else None))
+        drafter = load_drafter(ref, target, dtype, SuffixConfig(**suffix) if suffix else None)
+        acceptance = load_acceptance(acceptance_ref, DRAFTERS.resolve(ref).name, drafter, target)
+        if acceptance is not None:
+            acceptance.check(target, drafter)
+        return DraftWorker(drafter, acceptance=acceptance)
 
     return build

@@ -68,6 +68,20 @@ def test_the_goodput_prices_by_calibrated_confidence_and_by_depth():
     assert g.values(2, None) == pytest.approx([0.5, 0.25], abs=0.01)
 
 
+def test_survival_by_the_acceptance_model_prices_a_draft_as_it_is():
+    """Where a draft comes with the acceptance model's survival it is priced by it, not by the
+    drafter's confidence (calibrated) nor by depth, and it teaches the calibration nothing."""
+    g = Goodput(LINEAR)
+    for _ in range(60):
+        g.round((1.0, 0.8, 0.6), 3, 1)
+        g.step(2, 0.05)
+    calibration = g.calibration
+    assert g.values(3, (0.9, 0.9, 0.9), (0.8, 0.6, 0.7)) == [0.8, 0.6, 0.6]
+    assert g.values(2, None, (0.5, 0.25)) == [0.5, 0.25]
+    g.round((0.9, 0.9), 2, 0, survival=(0.5, 0.25))
+    assert g.calibration == calibration
+
+
 def test_the_rate_leaves_out_what_the_steps_prompt_chunks_cost():
     """A step of 8 decodes and a 100-token prompt chunk: the chunk's tokens cost 0.1 s on the
     step cost, so the 8 tokens count against the rest of the step's 0.15 s."""
