@@ -198,3 +198,21 @@ def test_the_jobs_log_their_targets_plan(chain, store):
     for params in planned.values():
         assert params["plan.device"] == "cpu" and int(params["plan.memory.kv_pool"]) > 0
         assert params["plan.max_model_len"].isdigit() and params["plan.numerics"]
+
+
+def test_acceptance_steps_end_at_their_first_rejection():
+    """An acceptance model's label is 'accepted given its predecessors were': a step keeps its
+    accepted tokens and its first rejection, never the tokens after it."""
+    import pyarrow as pa
+
+    from pipelines.common.formats import STEPS_SCHEMA
+
+    labels = {0: [1, 1, 0, 0, 1], 1: [0, 1], 2: [1, 1]}
+    rows = [{"request": "r", "step": s, "position": i, "block": 0, "token": 1, "greedy": 1,
+             "regret": 0.0, "accepted": a, "hidden": [float(10 * s + i)]}
+            for s, step in labels.items() for i, a in enumerate(step)]
+    table = pa.Table.from_pylist(rows, schema=STEPS_SCHEMA)
+    steps = train_preverifier.steps_of(table, reached=True)
+    assert [s.labels.tolist() for s in steps] == [[1, 1, 0], [0], [1, 1]]
+    assert steps[0].hidden[:, 0].tolist() == [0, 1, 2]
+    assert [len(s.labels) for s in train_preverifier.steps_of(table)] == [5, 2, 2]
