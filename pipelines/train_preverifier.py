@@ -135,8 +135,9 @@ def steps_of(table: pa.Table, reached: bool = False) -> list:
             continue
         labels = torch.tensor(cols["accepted"][start:i], dtype=torch.float32)
         end = i
-        if reached:  # the first rejection and the tokens before it
-            end = start + min(int(labels.sum()) + 1, len(labels))
+        rejected = (labels == 0).nonzero()
+        if reached and len(rejected):  # the first rejection and the tokens before it
+            end = start + int(rejected[0]) + 1
         steps.append(Step(hidden[start:end], labels[:end - start]))
         start = i
     return steps
