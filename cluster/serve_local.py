@@ -32,7 +32,8 @@ def describe(args: dict) -> str:
     spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
     verify = spec.verify or "strict (greedy; sampling at temperature > 0)"
     drafter = a.drafter if a.drafter != "hybrid" else f"hybrid (suffix + {a.block_drafter})"
-    return (f"serving target={a.target} drafter={drafter} policy={spec.policy} "
+    accepting = f" acceptance={a.acceptance}" if a.acceptance else ""
+    return (f"serving target={a.target} drafter={drafter}{accepting} policy={spec.policy} "
             f"verify={verify} dtype={a.dtype} batching max_batch={a.batching.max_batch}")
 
 
