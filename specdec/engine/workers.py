@@ -30,7 +30,7 @@ from specdec.algorithms.sampling import Sampling
 from specdec.algorithms.verify import Verifier, VerifyInputs, make_verifier
 from specdec.engine.logprobs import TokenLogprobs, score
 from specdec.engine.settings import GenerationParams
-from specdec.models.acceptance import AcceptanceModel, root_of, survival
+from specdec.models.acceptance import AcceptanceModel, survival
 from specdec.models.drafter import DraftBlock, Drafter
 from specdec.models.target import TargetModel, TargetOutput, TargetState
 
@@ -305,7 +305,8 @@ class DraftRequest:
     sampling: Sampling
     # {"preverifier": seconds in this round's pre-verifier calls, "scores": its last scores}
     timers: dict
-    # [H] the target's state at the draft's root, while the acceptance model scores its drafts
+    # [W] the acceptance model's term of the draft's root state (``AcceptanceModel.root``),
+    # while it scores the request's drafts
     root: torch.Tensor | None = None
 
 
@@ -355,7 +356,7 @@ class DraftWorker:
         timers = {"preverifier": 0.0}
         root = None
         if self.acceptance is not None and spec.acceptance:
-            root = root_of(features, self.acceptance.config.root_size)
+            root = self.acceptance.root(features)
         if "scorer" in POLICIES.get(spec.policy).needs:
             extra["scorer"] = self._timed_scorer(timers, root is not None)
         policy = make_policy(spec.policy, spec.policy_config, **extra)
@@ -368,8 +369,9 @@ class DraftWorker:
         )
 
     def _timed_scorer(self, timers: dict, acceptance: bool):
-        """PACER's scorer: the acceptance model over the blocks' features (``_features``) when
-        the request has it on, else the pre-verifier over the drafter's hidden states."""
+        """PACER's scorer: the acceptance model over the blocks' inputs (``_draft`` puts them in
+        each block's hidden) when the request has it on, else the pre-verifier over the
+        drafter's hidden states."""
         net = self.acceptance if acceptance else self.preverifier
         if net is None:
             return None  # make_policy then says that PACER needs a pre-verifier
@@ -430,8 +432,8 @@ class DraftWorker:
             block = self.draft_model.propose(req.state, n, req.sampling)
             if req.root is None:
                 return block
-            return replace(block, hidden=self.acceptance.features(req.root, block.tokens,
-                                                                  block.hidden))
+            return replace(block, hidden=self.acceptance.inputs(req.root, block.tokens,
+                                                                block.hidden))
 
         blocks = [b for b in req.policy.draft(propose, limit, req.policy_state) if len(b)]
         tokens = [int(t) for b in blocks for t in b.tokens]
@@ -477,7 +479,7 @@ class DraftWorker:
         for rid, (result, drafted) in commits.items():
             reqs[rid].policy.update(reqs[rid].policy_state, drafted, result.accepted)
             if reqs[rid].root is not None:  # the new root: the last verified position's state
-                reqs[rid].root = root_of(result.features, self.acceptance.config.root_size)
+                reqs[rid].root = self.acceptance.root(result.features)
 
     def close(self, rid: str) -> None:
         req = self.requests.pop(rid, None)

@@ -18,6 +18,11 @@ verified token, which the next verify feeds first). Per drafted token x_i its *f
 The position i enters through the pre-verifier's positional embedding, and its causal attention
 lets x_i read its predecessors' features. The three parts are layer-normed apart
 (``PreVerifierConfig.parts``): a residual-stream state and a probability differ in scale.
+
+Served, the input layer proj(norm(features)) is computed in its parts, since it is a sum of one
+linear map of each normed part (``inputs``): the root's term once a round (``root``), the
+embedding's term read from a table of every vocabulary token's (made once, [V, W]), the signals'
+term per token. ``features`` -> ``PreVerifier.score`` is the reference it equals.
 The *survival* of x_i is the product of the probabilities of x_0..x_i: the chance that the
 draft is accepted up to it (what load-aware speculation prices, ``actors.goodput``).
 
@@ -36,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from specdec.models.preverifier import PreVerifier, PreVerifierConfig
 
@@ -99,19 +105,43 @@ class AcceptanceModel:
             raise ValueError(f"acceptance model of {config.root_size}-wide states bound to a "
                              f"{embedding.shape[-1]}-wide embedding")
         self.config, self.net, self.embedding = config, net.eval(), embedding
+        self._table: torch.Tensor | None = None  # [V, W] the embedding's term, made on first use
 
     @property
     def max_positions(self) -> int:
-        return self.config.max_positions
+        return self.net.c.max_positions
 
     def features(self, root: torch.Tensor, tokens: torch.Tensor,
                  signals: torch.Tensor) -> torch.Tensor:
-        """One block's features [n, 2H + D] (module docstring)."""
+        """One block's features [n, 2H + D] (module docstring): the training rows."""
         return acceptance_features(root, self.embedding, tokens, signals)
 
-    def score(self, features: torch.Tensor) -> torch.Tensor:
-        """features [n, F] of one draft so far -> acceptance probabilities [n]."""
-        return self.net.score(features)
+    # ---- served: the input layer in its parts ------------------------------------------------
+    def _term(self, part: int, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part``'s term of the input layer: its norm, then its columns of proj."""
+        lo = sum(self.config.parts[:part])
+        weight = self.net.proj.weight[:, lo:lo + self.config.parts[part]]  # [W, part]
+        return F.linear(self.net.norm.norms[part](x.to(weight.dtype)), weight)
+
+    @torch.inference_mode()
+    def root(self, taps: torch.Tensor | None) -> torch.Tensor:
+        """The root's term of the input layer, with its bias [W], from a drafter's taps
+        (``root_of``): once a round."""
+        return self._term(0, root_of(taps, self.config.root_size)) + self.net.proj.bias
+
+    @torch.inference_mode()
+    def inputs(self, root: torch.Tensor, tokens: torch.Tensor,
+               signals: torch.Tensor) -> torch.Tensor:
+        """The input layer's output [n, W] for one block: ``root`` (its term, ``root``), the
+        table's rows of ``tokens`` [n] and the signals' [n, D] term."""
+        if self._table is None:
+            self._table = self._term(1, self.embedding.cpu())  # [V, W]
+        return root + self._table[tokens] + self._term(2, signals)
+
+    def score(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [n, W] of one draft so far (``inputs`` of its blocks) -> acceptance
+        probabilities [n]."""
+        return self.net.score_projected(inputs)
 
     def check(self, target, drafter) -> None:
         """Raise unless it fits ``target`` (hidden size, taps on) and ``drafter`` (signals)."""

@@ -43,12 +43,25 @@ def test_root_is_the_last_taps_row_deepest_layer_or_zeros():
     assert acceptance_taps(30, ()) == (29,) and acceptance_taps(30, (1, 14, 27)) == (1, 14, 27)
 
 
+def test_the_input_layer_in_parts_equals_the_net_on_the_features():
+    """Served: the root's term once, the embedding's from the table, the signals' per token;
+    the same scores as the whole features through the pre-verifier's forward."""
+    model = make()
+    taps, tokens, signals = torch.randn(3, H, dtype=torch.float64), torch.tensor([1, 9, 3]), torch.rand(3, D)
+    features = model.features(root_of(taps, H), tokens, signals)
+    served = model.score(model.inputs(model.root(taps), tokens, signals))
+    torch.testing.assert_close(served, model.net.score_reference(features), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(model.score(model.inputs(model.root(None), tokens[:1], signals[:1])),
+                               model.net.score(model.features(torch.zeros(H), tokens[:1], signals[:1])),
+                               atol=1e-6, rtol=1e-5)
+
+
 def test_scores_are_probabilities_causal_and_survival_is_their_product():
     model = make()
-    f = model.features(torch.randn(H), torch.tensor([1, 2, 3, 4]), torch.rand(4, D))
-    p = model.score(f)
+    x = model.inputs(model.root(torch.randn(1, H)), torch.tensor([1, 2, 3, 4]), torch.rand(4, D))
+    p = model.score(x)
     assert p.shape == (4,) and ((p > 0) & (p < 1)).all()
-    torch.testing.assert_close(model.score(f[:2]), p[:2])
+    torch.testing.assert_close(model.score(x[:2]), p[:2])
     s = survival(p)
     assert s[0] == pytest.approx(float(p[0])) and s[-1] == pytest.approx(float(p.double().prod()))
 
@@ -60,7 +73,7 @@ def test_parts_are_normalised_apart():
     f = model.features(torch.randn(H), torch.tensor([1, 2]), torch.rand(2, D))
     scaled = f.clone()
     scaled[:, :H] *= 1000
-    torch.testing.assert_close(model.score(scaled), model.score(f), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.net.score(scaled), model.net.score(f), atol=1e-4, rtol=1e-4)
 
 
 def test_save_load_roundtrip_in_bfloat16(tmp_path):
@@ -68,7 +81,7 @@ def test_save_load_roundtrip_in_bfloat16(tmp_path):
     f = model.features(torch.randn(H), torch.tensor([5, 6, 7]), torch.rand(3, D))
     back = AcceptanceModel.load(model.save(tmp_path / "a", dtype=torch.bfloat16), model.embedding)
     assert back.config == model.config and back.net.c.parts == (H, H, D)
-    torch.testing.assert_close(back.score(f), model.score(f), atol=0.02, rtol=0)
+    torch.testing.assert_close(back.net.score(f), model.net.score(f), atol=0.02, rtol=0)
     with pytest.raises(FileNotFoundError, match="acceptance"):
         AcceptanceModel.load(PreVerifier(PreVerifierConfig(8)).save(tmp_path / "pv"), model.embedding)
 
