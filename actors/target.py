@@ -10,8 +10,9 @@ submitted the moment the last one is answered, and what it commits streams back 
 (a message a round, or one at the end). The round's drafting goes where the drafter is:
 
 - nowhere (plain decoding): every draft is empty;
-- on this actor (``local_drafter``: a drafter without a model, n-gram or suffix): one step
-  commits the previous round, drafts and verifies (``TargetScheduler.round``);
+- on this actor (``local_drafter``: a drafter without a model, n-gram or suffix, and its
+  acceptance model if any, whose root state this actor then taps): one step commits the
+  previous round, drafts and verifies (``TargetScheduler.round``);
 - in a drafter actor of its own (``drafter``: a client of a ``DrafterActor``; ``cluster.app``
   gives it one that makes Ray calls): this actor opens the request there and asks it for each
   round's draft, the previous round's commit sent with that call; the drafter actor is this
@@ -65,7 +66,8 @@ class TargetInfo:
 
 @dataclass(frozen=True)
 class Opened:
-    features: torch.Tensor | None  # [len(prompt) - 1, F] taps for a block drafter, else None
+    # [len(prompt) - 1, F] taps for a block drafter or an acceptance model, else None
+    features: torch.Tensor | None
     room: int  # draft tokens the context has room for in the first round
     target_s: float
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)

@@ -66,12 +66,16 @@ ACCEPTANCE = [SpecSettings(policy="pacer", block_size=2, threshold=0.4, max_draf
               SpecSettings(gamma=5)]
 
 
-@pytest.mark.parametrize("drafter", ["suffix", "ngram"])
+@pytest.mark.parametrize("drafter", ["suffix", "ngram", "block-drafter"])
 def test_the_acceptance_model_on_keeps_greedy(tiny, expected, drafter):
     """An (untrained) acceptance model cuts the drafts by PACER's rule and prices them: the
-    target taps its last layer for the root state, and the tokens stay plain greedy's."""
-    pair = load_pair(tiny["target"], drafter, dtype="float64", acceptance_ref="untrained")
-    assert pair.target.tap_layers == (pair.target.num_layers - 1,)
+    target taps its last layer for the root state (a block drafter's own taps: their deepest),
+    and the tokens stay plain greedy's."""
+    pair = load_pair(tiny["target"], tiny.get(drafter, drafter), dtype="float64",
+                     acceptance_ref="untrained")
+    own = getattr(pair.drafter, "config", None)
+    assert pair.target.tap_layers == (own.tap_layers if drafter == "block-drafter"
+                                      else (pair.target.num_layers - 1,))
     engine = Engine(pair.target, pair.drafter, acceptance=pair.acceptance)
     tok, timed = pair.target.tokenizer, 0.0
     for prompt in PROMPTS[:2]:
@@ -80,5 +84,5 @@ def test_the_acceptance_model_on_keeps_greedy(tiny, expected, drafter):
             assert out.token_ids == expected[prompt], (drafter, spec, prompt)
             timed += out.stats.preverifier_s
     assert timed > 0  # the model scored drafts
-    plain = load_pair(tiny["target"], drafter, dtype="float64")
-    assert plain.acceptance is None and plain.target.tap_layers == ()
+    plain = load_pair(tiny["target"], tiny.get(drafter, drafter), dtype="float64")
+    assert plain.acceptance is None and (drafter == "block-drafter" or not plain.target.tap_layers)
