@@ -559,7 +559,8 @@ class TargetScheduler(BatchLoop):
         drafts = [w.draft for _, w in cut]
         fixed = sum(n for _, _, n in short) - sum(len(d.tokens) for d in drafts)
         rounds = sum(not w.prefill for w, _ in batch)
-        keep = fit_drafts([g.values(len(d.tokens), d.confidence, d.survival) for d in drafts], fixed,
+        values = [g.values(len(d.tokens), d.confidence, d.survival) for d in drafts]
+        keep = fit_drafts(values, fixed,
                           g.cost, g.price(rounds))
         batch = list(batch)
         for (i, w), d, k in zip(cut, drafts, keep, strict=True):

@@ -140,11 +140,10 @@ def run(cfg: SimulateConfig) -> Path:
     with start_run(cfg.mlflow, "simulate"):
         log_params(cfg.model_dump())
         log_plan(cfg.target, RuntimeConfig(cfg.device, cfg.dtype, max_model_len=cfg.max_model_len))
-        table = map_prompts(prompts, Simulator, {"config": cfg.model_dump(), "drafter_dir": drafter_dir,
-                                                 "suffix_index": index},
-                            cfg.actors, STEPS_SCHEMA)
-        meta = {"specdec.drafter": cfg.drafter, "specdec.verifier": json.dumps(cfg.verifier.params()
-                                                                              | {"name": cfg.verifier.name}),
+        actor = {"config": cfg.model_dump(), "drafter_dir": drafter_dir, "suffix_index": index}
+        table = map_prompts(prompts, Simulator, actor, cfg.actors, STEPS_SCHEMA)
+        verifier = cfg.verifier.params() | {"name": cfg.verifier.name}
+        meta = {"specdec.drafter": cfg.drafter, "specdec.verifier": json.dumps(verifier),
                 **acceptance_meta(cfg)}
         path = write_table(table, cfg.output(), meta)
         accepted = table.column("accepted").to_pylist()

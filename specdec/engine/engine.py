@@ -97,7 +97,8 @@ class Engine:
         check_pair(target_model, draft_model)
         if acceptance is not None:
             acceptance.check(target_model, draft_model)
-        features = bool(draft_model and (draft_model.needs_target_features or acceptance is not None))
+        features = draft_model is not None and (bool(draft_model.needs_target_features)
+                                                or acceptance is not None)
         self.target_worker = TargetWorker(target_model, features)
         self.draft_worker = None if draft_model is None else DraftWorker(draft_model, preverifier,
                                                                          acceptance)

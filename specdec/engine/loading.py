@@ -23,8 +23,8 @@ from specdec.models.suffix import SuffixConfig
 from specdec.models.target import TargetModel, dtype_name
 from specdec.models.target_parts import TargetParts
 
-__all__ = ["ModelPair", "load_acceptance", "load_drafter", "load_drafter_side", "load_pair", "load_preverifier",
-           "load_target", "target_taps", "untrained_preverifier"]
+__all__ = ["ModelPair", "load_acceptance", "load_drafter", "load_drafter_side", "load_pair",
+           "load_preverifier", "load_target", "target_taps", "untrained_preverifier"]
 
 
 @dataclass

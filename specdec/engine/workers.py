@@ -3,9 +3,9 @@
 ``TargetWorker`` owns the target model, every request's KV cache and verifier state (ASD's
 ledger), and runs verification next to the logits. ``DraftWorker`` owns the drafter, the PACER
 pre-verifier or the acceptance model (``specdec.models.acceptance``: it keeps each request's
-root state from the taps it is handed) and every request's drafter state. Both are batch-first: a call may carry many
-requests (dicts keyed by request id) and runs one model forward for all of them; one request is
-a batch of one. Only
+root state from the taps it is handed) and every request's drafter state. Both are
+batch-first: a call may carry many requests (dicts keyed by request id) and runs one model
+forward for all of them; one request is a batch of one. Only
 token ids, a few stats and a few feature rows cross between them, never full logits, so in
 serving each is a Ray actor (``actors/`` wraps these classes) and in the single-process engine
 they are local objects running the same code.
@@ -438,14 +438,14 @@ class DraftWorker:
         blocks = [b for b in req.policy.draft(propose, limit, req.policy_state) if len(b)]
         tokens = [int(t) for b in blocks for t in b.tokens]
         probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
-        survival = self._survival(req, blocks, len(tokens))
+        surviving = self._survival(req, blocks, len(tokens))
         elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
         source = getattr(req.state, "source", None) if tokens else None
         confidence = None
         if blocks and all(b.confidence is not None for b in blocks):
             confidence = tuple(float(c) for b in blocks for c in b.confidence)
         return Draft(tokens, probs, drafter_s=shared_s + elapsed - pre, preverifier_s=pre,
-                     source=source, confidence=confidence, survival=survival)
+                     source=source, confidence=confidence, survival=surviving)
 
     def _survival(self, req: DraftRequest, blocks: list[DraftBlock],
                   n: int) -> tuple[float, ...] | None:

@@ -100,7 +100,8 @@ class _Simulator:
         """The block as its records hold it: the acceptance model's features as its hidden."""
         if self.acceptance is None:
             return block
-        return replace(block, hidden=self.acceptance.features(self.root, block.tokens, block.hidden))
+        features = self.acceptance.features(self.root, block.tokens, block.hidden)
+        return replace(block, hidden=features)
 
     def open(self, prompt_ids: list[int]) -> rounds.Opened:
         """Cache the prompt but its last token (pending); the drafter starts on the prompt."""

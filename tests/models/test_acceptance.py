@@ -31,7 +31,8 @@ def test_features_are_root_embedding_and_signals_per_token():
     assert (f[:, :H] == root.float()).all()
     torch.testing.assert_close(f[:, H:2 * H], model.embedding[tokens].float())
     torch.testing.assert_close(f[:, 2 * H:], signals)
-    assert acceptance_features(root, model.embedding, tokens[:0], signals[:0]).shape == (0, 2 * H + D)
+    empty = acceptance_features(root, model.embedding, tokens[:0], signals[:0])
+    assert empty.shape == (0, 2 * H + D)
 
 
 def test_root_is_the_last_taps_row_deepest_layer_or_zeros():
@@ -47,13 +48,14 @@ def test_the_input_layer_in_parts_equals_the_net_on_the_features():
     """Served: the root's term once, the embedding's from the table, the signals' per token;
     the same scores as the whole features through the pre-verifier's forward."""
     model = make()
-    taps, tokens, signals = torch.randn(3, H, dtype=torch.float64), torch.tensor([1, 9, 3]), torch.rand(3, D)
+    taps, tokens = torch.randn(3, H, dtype=torch.float64), torch.tensor([1, 9, 3])
+    signals = torch.rand(3, D)
     features = model.features(root_of(taps, H), tokens, signals)
     served = model.score(model.inputs(model.root(taps), tokens, signals))
     torch.testing.assert_close(served, model.net.score_reference(features), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(model.score(model.inputs(model.root(None), tokens[:1], signals[:1])),
-                               model.net.score(model.features(torch.zeros(H), tokens[:1], signals[:1])),
-                               atol=1e-6, rtol=1e-5)
+    first = model.score(model.inputs(model.root(None), tokens[:1], signals[:1]))  # no taps: zeros
+    want = model.net.score(model.features(torch.zeros(H), tokens[:1], signals[:1]))
+    torch.testing.assert_close(first, want, atol=1e-6, rtol=1e-5)
 
 
 def test_scores_are_probabilities_causal_and_survival_is_their_product():
@@ -83,7 +85,8 @@ def test_save_load_roundtrip_in_bfloat16(tmp_path):
     assert back.config == model.config and back.net.c.parts == (H, H, D)
     torch.testing.assert_close(back.net.score(f), model.net.score(f), atol=0.02, rtol=0)
     with pytest.raises(FileNotFoundError, match="acceptance"):
-        AcceptanceModel.load(PreVerifier(PreVerifierConfig(8)).save(tmp_path / "pv"), model.embedding)
+        AcceptanceModel.load(PreVerifier(PreVerifierConfig(8)).save(tmp_path / "pv"),
+                             model.embedding)
 
 
 def test_bad_shapes_fail_naming_the_field():
@@ -91,6 +94,6 @@ def test_bad_shapes_fail_naming_the_field():
         PreVerifierConfig(8, parts=(3, 4))
     with pytest.raises(ValueError, match="root_size"):
         AcceptanceConfig("ngram", 0, 4)
+    config = AcceptanceConfig("ngram", H, D)
     with pytest.raises(ValueError, match="wide embedding"):
-        AcceptanceModel(AcceptanceConfig("ngram", H, D),
-                        PreVerifier(AcceptanceConfig("ngram", H, D).net_config()), torch.zeros(V, H + 1))
+        AcceptanceModel(config, PreVerifier(config.net_config()), torch.zeros(V, H + 1))
