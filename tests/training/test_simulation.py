@@ -89,3 +89,31 @@ def test_acceptance_records_hold_the_root_state_the_embedding_and_the_signals(ti
             assert r.hidden[2 * h + 2:] == [r.position / 8, 1.0]  # the n-gram's own signals
             torch.testing.assert_close(torch.tensor(r.hidden[h:2 * h]), embedding[r.token].float())
         last = p
+
+
+def test_the_acceptance_model_beside_a_target_on_the_gpu_mixes_no_devices(tiny_llama):
+    """Taps and embedding on the GPU, the acceptance model on the CPU: the records and the
+    engine's tokens are the CPU's (transformers' forward on both)."""
+    from specdec.engine.engine import Engine
+    from specdec.engine.settings import GenerationParams, SpecSettings
+    from specdec.models.acceptance import untrained_acceptance
+    from specdec.models.ngram import NgramDrafter
+
+    prompt, drafter = list(b"abc abc abc abc ab"), NgramDrafter(320)
+    spec = GenerationParams(12, spec=SpecSettings(policy="pacer", block_size=2, threshold=0.2))
+
+    def run(device: str, guard=None):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama["target"], dtype=torch.float64)
+        target = TargetModel(model.to(device), AutoTokenizer.from_pretrained(tiny_llama["target"]),
+                             (model.config.num_hidden_layers - 1,), backend="transformers")
+        acceptance = untrained_acceptance("ngram", drafter, target.embedding_weight())
+        records = simulate_request(target, drafter, make_verifier("strict"), prompt, 12, 6,
+                                   acceptance=acceptance)
+        out = Engine(target, drafter, acceptance=acceptance).generate(prompt, spec)
+        return records, out.token_ids, out.stats.preverifier_s > 0
+
+    want = run("cpu")
+    guard = GuardedCuda()
+    with guard:
+        got = run("cuda")
+    assert got == want and want[2]
