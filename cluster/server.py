@@ -379,8 +379,8 @@ class Server:
         scored = self.args.preverifier is not None or (self.args.acceptance and spec.acceptance)
         if "scorer" in POLICIES.get(spec.policy).needs and not scored:
             raise wire.ApiError(400, f"policy {spec.policy} needs a pre-verifier or an acceptance "
-                                "model; this server has none (on)", param="speculative.policy",
-                                code="invalid_value")
+                                "model turned on (speculative.acceptance); this request has "
+                                "neither", param="speculative.policy", code="invalid_value")
         stop_ids = frozenset(req.stop_token_ids or ())
         if any(not 0 <= t < self.info.vocab_size for t in stop_ids):
             raise wire.ApiError(400, f"stop_token_ids must lie in [0, {self.info.vocab_size})",
