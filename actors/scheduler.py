@@ -508,6 +508,7 @@ class TargetScheduler(BatchLoop):
                 piece = worker.piece_rows  # a batch-invariant linear's edge: measure both sides
                 edges = () if piece is None else (piece, piece + 1)
                 self.goodput = Goodput(StepCost.measure(worker.runtime, extra=edges))
+                self.drafter.survival = True  # the goodput prices drafts by it
             return worker
 
         super().__init__(both, config)

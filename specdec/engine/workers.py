@@ -323,6 +323,9 @@ class DraftWorker:
         self.draft_model = draft_model
         self.preverifier = preverifier
         self.acceptance = acceptance
+        # whether a caller reads a draft's survival (a scheduler that prices drafts: it sets
+        # this); else a draft carries it only where PACER's scores give it for free
+        self.survival = False
         self.requests: dict[str, DraftRequest] = {}
 
     @property
@@ -450,11 +453,14 @@ class DraftWorker:
     def _survival(self, req: DraftRequest, blocks: list[DraftBlock],
                   n: int) -> tuple[float, ...] | None:
         """The draft's survival by the acceptance model (None: off for the request); PACER's
-        last scores when they cover the draft, else one scoring of it (timed as PACER's)."""
+        last scores when they cover the draft, else one scoring of it (timed as PACER's) when
+        a caller reads it (``survival``)."""
         if req.root is None or n == 0:
             return None
         scores = req.timers["scores"]
         if scores is None or scores.shape[0] != n:
+            if not self.survival:
+                return None
             t0 = time.perf_counter()
             scores = self.acceptance.score(torch.cat([b.hidden for b in blocks]))
             req.timers["preverifier"] += time.perf_counter() - t0

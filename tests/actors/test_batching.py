@@ -259,7 +259,8 @@ def test_the_acceptance_model_on_a_target_that_drafts_keeps_each_request_greedy(
     local = {"drafter": "suffix", "acceptance": "untrained"}
     target = TargetActor(tiny_llama["target"], "suffix", "float64", kv_slots=8,
                          batching={**WAIT, "fit_drafts": True}, local_drafter=local)
-    assert target.scheduler.drafter.acceptance is not None and target.worker.features
+    drafter = target.scheduler.drafter
+    assert drafter.acceptance is not None and drafter.survival and target.worker.features
     plain = load_pair(tiny_llama["target"], "none", dtype="float64")
     tok, engine = pair.target.tokenizer, Engine(plain.target)
     specs = [SpecSettings(policy="pacer", block_size=2, threshold=0.3, max_draft=8),

@@ -215,3 +215,18 @@ def test_acceptance_model_scores_follow_the_root_batched_or_alone(tiny_llama, dr
                 root = worker.requests[rid].root
                 want = None if rid == "off" else worker.acceptance.root(result.features[-1:])
                 assert root is want is None or root.equal(want), rid
+
+
+def test_a_fixed_window_draft_carries_survival_only_where_it_is_read(tiny_llama):
+    """PACER's scores give a draft its survival for free; a fixed window's costs a scoring,
+    made only for a caller that reads it (a scheduler that prices drafts)."""
+    pair = load_pair(tiny_llama["target"], "ngram", dtype="float64", acceptance_ref="untrained")
+    worker = DraftWorker(pair.drafter, acceptance=pair.acceptance)
+    params = GenerationParams(spec=SpecSettings(gamma=4))
+    for rid in ("a", "b"):
+        worker.open({rid: OpenRequest(PROMPTS["c"], params)}, {rid: None})
+    unread = worker.draft("a", 4)
+    assert unread.tokens and unread.survival is None and unread.preverifier_s == 0
+    worker.survival = True
+    read = worker.draft("b", 4)
+    assert read.tokens == unread.tokens and len(read.survival) == len(read.tokens)
