@@ -14,9 +14,11 @@ second. Three measured things price it:
   decoding and prefilling together make of it: where prompt chunks fill much of the steps, the
   rate read far below what decoding made, and no draft was cut where verifying the drafts'
   tokens cost more than they saved.
-- A draft token's chance to be committed: the drafter's own confidence where it gives one (the
-  suffix tree's path probability), scaled by how the drafts' confidence has matched what was
-  accepted; else the rate at which tokens at its depth were accepted.
+- A draft token's chance to be committed: its survival by the acceptance model where the
+  request has one on (``specdec.models.acceptance``: trained on what the verifier accepted, so
+  taken as it is); else the drafter's own confidence where it gives one (the suffix tree's path
+  probability), scaled by how the drafts' confidence has matched what was accepted; else the
+  rate at which tokens at its depth were accepted.
 
 ``fit_drafts`` then keeps, of all the step's draft tokens taken best first, the count that
 maximises their expected tokens less the step's cost, priced at ``Goodput.price`` (the rate,
@@ -137,8 +139,12 @@ class Goodput:
         self.depth_seen = [DECAY * n for n in self.depth_seen]
         self.depth_kept = [DECAY * n for n in self.depth_kept]
 
-    def round(self, confidence: Sequence[float] | None, drafted: int, accepted: int) -> None:
-        """A verified draft of ``drafted`` tokens (their confidence, if any) and its accepted."""
+    def round(self, confidence: Sequence[float] | None, drafted: int, accepted: int,
+              survival: Sequence[float] | None = None) -> None:
+        """A verified draft of ``drafted`` tokens (their confidence, if any) and its accepted;
+        a draft priced by its ``survival`` teaches nothing here."""
+        if survival is not None:
+            return
         if confidence is not None:
             self.expected += sum(confidence[:drafted])
             self.accepted += accepted
@@ -147,9 +153,12 @@ class Goodput:
             self.depth_seen[d] += 1
             self.depth_kept[d] += d < accepted
 
-    def values(self, drafted: int, confidence: Sequence[float] | None) -> list[float]:
+    def values(self, drafted: int, confidence: Sequence[float] | None,
+               survival: Sequence[float] | None = None) -> list[float]:
         """Each draft token's expected committed tokens (non-increasing along the draft)."""
-        if confidence is not None:
+        if survival is not None:
+            raw = list(survival[:drafted])
+        elif confidence is not None:
             c = self.calibration
             raw = [min(1.0, c * p) for p in confidence[:drafted]]
         else:

@@ -508,6 +508,7 @@ class TargetScheduler(BatchLoop):
                 piece = worker.piece_rows  # a batch-invariant linear's edge: measure both sides
                 edges = () if piece is None else (piece, piece + 1)
                 self.goodput = Goodput(StepCost.measure(worker.runtime, extra=edges))
+                self.drafter.survival = True  # the goodput prices drafts by it
             return worker
 
         super().__init__(both, config)
@@ -559,7 +560,8 @@ class TargetScheduler(BatchLoop):
         drafts = [w.draft for _, w in cut]
         fixed = sum(n for _, _, n in short) - sum(len(d.tokens) for d in drafts)
         rounds = sum(not w.prefill for w, _ in batch)
-        keep = fit_drafts([g.values(len(d.tokens), d.confidence) for d in drafts], fixed,
+        values = [g.values(len(d.tokens), d.confidence, d.survival) for d in drafts]
+        keep = fit_drafts(values, fixed,
                           g.cost, g.price(rounds))
         batch = list(batch)
         for (i, w), d, k in zip(cut, drafts, keep, strict=True):
@@ -574,7 +576,7 @@ class TargetScheduler(BatchLoop):
         the rounds' and prompt chunks' tokens it fed."""
         for rid, result in verified.items():
             d = drafts[rid]
-            self.goodput.round(d.confidence, len(d.tokens), result.accepted)
+            self.goodput.round(d.confidence, len(d.tokens), result.accepted, d.survival)
         self.goodput.step(sum(len(r.tokens) for r in verified.values()), seconds,
                           fed=sum(len(d.tokens) + 1 for d in drafts.values()), prefilled=prefilled)
 
@@ -605,7 +607,8 @@ class TargetScheduler(BatchLoop):
         """A prompt fully prefilled: start the drafter this target runs on it, if any."""
         if self.drafter is not None:
             try:
-                self.drafter.open({rid: req}, {rid: None})  # a drafter without a model reads no features
+                # a drafter without a model reads no features; its acceptance model, their root
+                self.drafter.open({rid: req}, {rid: features})
             except Exception as e:  # noqa: BLE001 -- this request only
                 return e
         return features, self.worker.room(rid)
@@ -651,7 +654,9 @@ def head(draft: Draft, k: int) -> Draft:
     """The draft's first ``k`` tokens (and their proposal rows, when sampling)."""
     probs = None if draft.probs is None else draft.probs[:k]
     confidence = None if draft.confidence is None else draft.confidence[:k]
-    return replace(draft, tokens=draft.tokens[:k], probs=probs, confidence=confidence)
+    survival = None if draft.survival is None else draft.survival[:k]
+    return replace(draft, tokens=draft.tokens[:k], probs=probs, confidence=confidence,
+                   survival=survival)
 
 
 def draft_rounds(worker: DraftWorker, calls: dict[str, DraftCall]) -> dict:

@@ -10,8 +10,9 @@ submitted the moment the last one is answered, and what it commits streams back 
 (a message a round, or one at the end). The round's drafting goes where the drafter is:
 
 - nowhere (plain decoding): every draft is empty;
-- on this actor (``local_drafter``: a drafter without a model, n-gram or suffix): one step
-  commits the previous round, drafts and verifies (``TargetScheduler.round``);
+- on this actor (``local_drafter``: a drafter without a model, n-gram or suffix, and its
+  acceptance model if any, whose root state this actor then taps): one step commits the
+  previous round, drafts and verifies (``TargetScheduler.round``);
 - in a drafter actor of its own (``drafter``: a client of a ``DrafterActor``; ``cluster.app``
   gives it one that makes Ray calls): this actor opens the request there and asks it for each
   round's draft, the previous round's commit sent with that call; the drafter actor is this
@@ -48,7 +49,8 @@ from specdec.engine.logprobs import TokenLogprobs
 from specdec.engine.settings import GenerationParams
 from specdec.engine.stats import RequestStats
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, RoundResult, TargetWorker
-from specdec.models.drafters import runs_no_model
+from specdec.models.acceptance import load_acceptance
+from specdec.models.drafters import DRAFTERS, runs_no_model
 from specdec.models.registry import resolve_model_ref
 from specdec.models.suffix import SuffixConfig
 
@@ -64,7 +66,8 @@ class TargetInfo:
 
 @dataclass(frozen=True)
 class Opened:
-    features: torch.Tensor | None  # [len(prompt) - 1, F] taps for a block drafter, else None
+    # [len(prompt) - 1, F] taps for a block drafter or an acceptance model, else None
+    features: torch.Tensor | None
     room: int  # draft tokens the context has room for in the first round
     target_s: float
     draft_cap: int | None = None  # load-aware cap on the next draft (None: none)
@@ -136,12 +139,16 @@ class TargetActor(RequestHost):
         if drafter is not None and local_drafter is not None:
             raise ValueError("a target drafts with a drafter actor or its own drafter, not both")
 
+        # the acceptance model of the drafter this target runs: the target taps its root state
+        acceptance = bool(local_drafter and local_drafter.get("acceptance"))
+
         def build() -> TargetWorker:  # on the scheduler's thread, the one model thread
             target = load_target(target_ref, drafter_ref, dtype, device, kv_slots,
                                  attention=attention, linears=linears,
                                  kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                                 backend=backend, isa=isa, threads_by_load=threads_by_load)
-            return TargetWorker(target, features=bool(target_taps(drafter_ref)))
+                                 backend=backend, isa=isa, acceptance=acceptance,
+                                 threads_by_load=threads_by_load)
+            return TargetWorker(target, features=bool(target_taps(drafter_ref)) or acceptance)
 
         self.scheduler = TargetScheduler(build, BatchingConfig.from_dict(batching),
                                          drafter_builder(local_drafter, dtype))
@@ -321,16 +328,23 @@ class Report:
 
 def drafter_builder(spec: dict | None, dtype: str):
     """How the target actor builds the drafter it runs itself, for ``spec`` = {"drafter": a
-    drafter without a model (n-gram, suffix), "suffix": its SuffixConfig fields}; None: none."""
+    drafter without a model (n-gram, suffix), "suffix": its SuffixConfig fields, "acceptance":
+    its acceptance model (a directory, models:/NAME@ALIAS or ``untrained``; absent: none)};
+    None: none."""
     if spec is None:
         return None
     ref, suffix = spec["drafter"], spec.get("suffix")
     if not runs_no_model(ref):
         raise ValueError(f"the target runs only a drafter without a model (n-gram, suffix) "
                          f"itself, not {ref!r}")
+    acceptance_ref = resolve_model_ref(spec.get("acceptance"))  # models:/ on this node
 
     def build(worker: TargetWorker) -> DraftWorker:
         target = worker.target_model
-        return DraftWorker(load_drafter(ref, target, dtype, SuffixConfig(**suffix) if suffix else None))
+        drafter = load_drafter(ref, target, dtype, SuffixConfig(**suffix) if suffix else None)
+        acceptance = load_acceptance(acceptance_ref, DRAFTERS.resolve(ref).name, drafter, target)
+        if acceptance is not None:
+            acceptance.check(target, drafter)
+        return DraftWorker(drafter, acceptance=acceptance)
 
     return build

@@ -108,8 +108,8 @@ def spawn_actors(args: ServeArgs):
             args.drafter, args.target, args.preverifier, args.dtype,
             args.drafter_resources.threads, ttl, device_of(args.drafter_resources),
             args.suffix.model_dump(), args.block_drafter, batching)
-    local = ({"drafter": args.drafter, "suffix": args.suffix.model_dump()}
-             if args.drafter_on_target else None)
+    local = ({"drafter": args.drafter, "suffix": args.suffix.model_dump(),
+              "acceptance": args.acceptance} if args.drafter_on_target else None)
     target_actor = actor_class(TargetActor, calls).options(
         **actor_options(args.target_resources, args, placement.TARGET_BUNDLE)).remote(
         args.target, args.block_drafter if args.drafter == "hybrid" else args.drafter, args.dtype,
@@ -127,10 +127,11 @@ def resolve_references(args: ServeArgs) -> ServeArgs:
         "target": materialise(args.target), "drafter": materialise(args.drafter),
         "preverifier": materialise(args.preverifier),
         "block_drafter": materialise(args.block_drafter),
+        "acceptance": materialise(args.acceptance),
         "model_id": args.served_model_id,
     })
     for ref in (resolved.target, resolved.drafter, resolved.preverifier, resolved.block_drafter,
-                resolved.suffix.index):
+                resolved.suffix.index, resolved.acceptance):
         check_source(ref, resolved.model_roots)
     if resolved.suffix.index and not is_registry_ref(resolved.suffix.index):
         read_config(Path(resolved.suffix.index))  # a malformed index fails here, at build time

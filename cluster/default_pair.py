@@ -9,7 +9,9 @@ tag equals the files' hash nothing happens, otherwise one MLflow run logs the ch
 directories, new versions are created from them and ``champion`` moves there.
 
 ``artifacts/suffix-index`` (the suffix drafter's offline index, ``pipelines.suffix_index``) is
-registered the same way as ``<target>-suffix-index@champion`` when it is there. Runs, versions
+registered the same way as ``<target>-suffix-index@champion`` when it is there, and so is
+``artifacts/acceptance-suffix`` (the suffix drafter's acceptance model, ``pipelines
+.train_preverifier``) as ``<target>-acceptance-suffix@champion``. Runs, versions
 and the alias are written through ``specdec.models.registry``, the module the training jobs
 write through too (the serving layer never imports ``pipelines/``).
 
@@ -17,8 +19,9 @@ write through too (the serving layer never imports ``pipelines/``).
 ``configs/serve/local.yaml``: when the config names a ``default_pair`` directory that holds a
 drafter, the app serves it from the registry as ``default_drafter`` says: ``block`` (the block
 drafter with PACER: the sweep's ``pacer_defaults.json`` when present), ``suffix`` (the suffix
-drafter with the registered index) or ``hybrid`` (suffix or the block drafter's PACER draft, per
-round); without the pair it serves the config as written.
+drafter with the registered index, and its acceptance model when registered, unless
+``acceptance`` is off) or ``hybrid`` (suffix or the block drafter's PACER draft, per round);
+without the pair it serves the config as written.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from specdec.models.sources import content_hash
 HASH_TAG = "specdec.content_sha256"
 ALIAS = registry.CHAMPION
 KINDS = {"drafter": "block-drafter", "preverifier": "preverifier"}  # subdirectory -> model suffix
-OPTIONAL = {"suffix-index": "suffix-index"}  # registered when the artifacts hold it
+# registered when the artifacts hold it
+OPTIONAL = {"suffix-index": "suffix-index", "acceptance-suffix": "acceptance-suffix"}
 # PACER when the artifacts hold no swept pacer_defaults.json (configs/train/evaluate.yaml's):
 # its config's defaults, as flat keys (block_size, threshold, growth, max_draft)
 PACER_FALLBACK = {"policy": "pacer", **{key: SpecSettings().flat()[key] for key, targets
@@ -87,11 +91,13 @@ def ensure_registered(artifacts_dir: str | Path, tracking_uri: str) -> dict[str,
     return {kind: f"models:/{name}@{ALIAS}" for kind, name in names.items()}
 
 
-def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "block") -> dict:
+def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "block",
+               acceptance: bool = True) -> dict:
     """The app's args with the default pair in place of the config's drafter, when
     ``artifacts_dir`` holds one; else ``args`` unchanged. ``drafter``: block | suffix | hybrid
-    (the suffix kinds need ``suffix-index/``; without it the block drafter is served). Prints
-    one line saying which."""
+    (the suffix kinds need ``suffix-index/``; without it the block drafter is served);
+    ``acceptance``: serve the suffix drafter's acceptance model where the pair holds one.
+    Prints one line saying which."""
     if drafter not in ("block", "suffix", "hybrid"):
         raise ValueError(f"default_drafter {drafter!r}: choose block, suffix or hybrid")
     if artifacts_dir is None:
@@ -106,24 +112,32 @@ def serve_args(args: dict, artifacts_dir: str | Path | None, drafter: str = "blo
     pacer_file = artifacts / "pacer_defaults.json"
     pacer = json.loads(pacer_file.read_text()) if pacer_file.is_file() else PACER_FALLBACK
     spec = {**args.get("speculative", {}), **pacer}
+    model = refs.pop("acceptance-suffix", None)
     if drafter != "block" and "suffix-index" in refs:
-        return suffix_args(args, refs, spec, drafter, uri)
+        model = model if acceptance and drafter == "suffix" else None
+        return suffix_args(args, refs, spec, drafter, uri, model)
     refs.pop("suffix-index", None)
     print(f"serving the trained default pair of {artifacts}/: {refs['drafter']} + "
           f"{refs['preverifier']} from {uri}, {json.dumps(pacer)}", flush=True)
     return {**args, **refs, "speculative": spec, "mlflow_tracking_uri": uri}
 
 
-def suffix_args(args: dict, refs: dict, spec: dict, drafter: str, uri: str) -> dict:
+def suffix_args(args: dict, refs: dict, spec: dict, drafter: str, uri: str,
+                acceptance: str | None = None) -> dict:
     """Serve the suffix drafter (or the hybrid) with the registered index. Both draft up to
-    max_draft a round under the fixed window (the hybrid runs PACER on its block draft itself)."""
-    spec = {**spec, "policy": "fixed", "gamma": spec.get("max_draft", SpecSettings().max_draft)}
+    max_draft a round under the fixed window (the hybrid runs PACER on its block draft itself);
+    with the suffix drafter's ``acceptance`` model, PACER's rule on it cuts the drafts."""
+    policy = "pacer" if acceptance else "fixed"
+    spec = {**spec, "policy": policy, "gamma": spec.get("max_draft", SpecSettings().max_draft)}
     suffix = {**args.get("suffix", {}), "index": refs["suffix-index"]}
     out = {**args, "drafter": drafter, "suffix": suffix, "speculative": spec,
            "mlflow_tracking_uri": uri}
     if drafter == "hybrid":
         out |= {"block_drafter": refs["drafter"], "preverifier": refs["preverifier"]}
+    if acceptance:
+        out["acceptance"] = acceptance
     print(f"serving the {drafter} drafter with {refs['suffix-index']}"
           + (f" + {refs['drafter']} + {refs['preverifier']}" if drafter == "hybrid" else "")
+          + (f" + {acceptance}" if acceptance else "")
           + f" from {uri}, {json.dumps(spec)}", flush=True)
     return out

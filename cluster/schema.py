@@ -80,6 +80,8 @@ class Resources(Strict):
 Speculative = create_model(
     "Speculative", __base__=Strict, __doc__="Speculative settings (specdec.engine.settings).",
     policy=(PolicyName, "fixed"), verify=(VerifierName | None, None),
+    # use the server's acceptance model (``ServeArgs.acceptance``) where it loads one
+    acceptance=(bool, True),
     **flat_fields(), **section_models())
 
 
@@ -136,6 +138,11 @@ class ServeArgs(Strict):
     drafter: str = "ngram"  # a DRAFTERS name (none, ngram, ...), a block-drafter dir or an AR LM
     preverifier: str | None = None
     block_drafter: str | None = None  # drafter hybrid: its block drafter (with preverifier)
+    # the drafter's acceptance model (specdec.models.acceptance): models:/NAME@ALIAS, a
+    # directory or untrained; PACER cuts drafts by it and the goodput prices them by it (a
+    # request's speculative.acceptance turns it off); only a drafter run on the target
+    # (ngram, suffix). None: off, and the target taps nothing for it
+    acceptance: str | None = None
     suffix: Suffix = Suffix()
     model_id: str | None = None  # the name clients pass as "model"; default: the target's name
     # The target's runtime: each field is a knob of its plan (specdec.runtime.plan, which
@@ -201,6 +208,13 @@ class ServeArgs(Strict):
             raise ValueError("drafter hybrid needs block_drafter and preverifier")
         if self.block_drafter and self.drafter != "hybrid":
             raise ValueError("block_drafter is only read with drafter hybrid")
+        return self
+
+    @model_validator(mode="after")
+    def _acceptance(self):
+        if self.acceptance and not self.drafter_on_target:
+            raise ValueError(f"acceptance needs a drafter run on the target (ngram, suffix), not "
+                             f"{self.drafter!r} with drafter_placement {self.drafter_placement}")
         return self
 
     @model_validator(mode="after")

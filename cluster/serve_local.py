@@ -4,8 +4,9 @@ Starts Ray in this process (token auth off: the cluster is private to this proce
 config's application on http://127.0.0.1:8000 and blocks until interrupted (Ctrl-C or SIGTERM,
 e.g. from ``docker stop``: both shut Serve and Ray down). ``make serve`` runs it.
 A config's top-level ``default_pair: DIR`` serves the committed trained pair in DIR from the
-MLflow registry when DIR holds one (``cluster.default_pair.serve_args``); Serve itself ignores
-the key.
+MLflow registry when DIR holds one (``cluster.default_pair.serve_args``), with the suffix
+drafter's acceptance model when DIR holds that too, unless ``default_acceptance: false``; Serve
+itself ignores those keys.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def describe(args: dict) -> str:
     spec = SpecSettings(**a.speculative.model_dump(exclude_unset=True))
     verify = spec.verify or "strict (greedy; sampling at temperature > 0)"
     drafter = a.drafter if a.drafter != "hybrid" else f"hybrid (suffix + {a.block_drafter})"
-    return (f"serving target={a.target} drafter={drafter} policy={spec.policy} "
+    accepting = f" acceptance={a.acceptance}" if a.acceptance else ""
+    return (f"serving target={a.target} drafter={drafter}{accepting} policy={spec.policy} "
             f"verify={verify} dtype={a.dtype} batching max_batch={a.batching.max_batch}")
 
 
@@ -64,7 +66,8 @@ def main(argv: list[str]) -> int:
     path = argv[0] if argv else DEFAULT
     doc = yaml.safe_load(open(path))
     app_cfg = doc["applications"][0]
-    args = serve_args(app_cfg["args"], doc.get("default_pair"), doc.get("default_drafter", "block"))
+    args = serve_args(app_cfg["args"], doc.get("default_pair"), doc.get("default_drafter", "block"),
+                      doc.get("default_acceptance", True))
     print(describe(args), flush=True)
     ray.init(include_dashboard=False)
     serve.start(http_options=HTTP_OPTIONS)

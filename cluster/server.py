@@ -376,9 +376,11 @@ class Server:
         if spec.policy != "fixed" and self.args.drafter == "hybrid":
             raise wire.ApiError(400, "the hybrid drafter runs PACER itself; use policy fixed",
                                 param="speculative.policy", code="invalid_value")
-        if "scorer" in POLICIES.get(spec.policy).needs and self.args.preverifier is None:
-            raise wire.ApiError(400, f"policy {spec.policy} needs a pre-verifier; this server "
-                                "has none", param="speculative.policy", code="invalid_value")
+        scored = self.args.preverifier is not None or (self.args.acceptance and spec.acceptance)
+        if "scorer" in POLICIES.get(spec.policy).needs and not scored:
+            raise wire.ApiError(400, f"policy {spec.policy} needs a pre-verifier or an acceptance "
+                                "model turned on (speculative.acceptance); this request has "
+                                "neither", param="speculative.policy", code="invalid_value")
         stop_ids = frozenset(req.stop_token_ids or ())
         if any(not 0 <= t < self.info.vocab_size for t in stop_ids):
             raise wire.ApiError(400, f"stop_token_ids must lie in [0, {self.info.vocab_size})",

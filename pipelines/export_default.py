@@ -1,11 +1,14 @@
 """Job: export a trained drafter + pre-verifier as the committed default pair.
 
     python -m pipelines.export_default --drafter DIR --preverifier DIR \
-        [--pacer-defaults FILE] [--provenance-extra JSON_FILE] --out artifacts/smollm2-135m
+        [--pacer-defaults FILE] [--acceptance DIR] [--provenance-extra JSON_FILE] \
+        --out artifacts/smollm2-135m
 
 Writes ``OUT/drafter/`` and ``OUT/preverifier/`` (the models' own file layout, floating-point
 tensors cast to bfloat16, integer buffers such as the drafter's ``draft_to_target`` unchanged),
-``OUT/pacer_defaults.json`` when given, and ``OUT/provenance.json``: what the checkpoints say
+``OUT/pacer_defaults.json`` when given, ``OUT/acceptance-<drafter>/`` (an acceptance model,
+``specdec.models.acceptance``, as ``make serve`` registers it) when given, and
+``OUT/provenance.json``: what the checkpoints say
 about themselves (configs, target, step and loss when the drafter is a training checkpoint),
 the git commit, this command, and every key of the extra JSON the caller passes (the training
 chain's wall times, configs and MLflow metrics; see ``pipelines.train_default``). Nothing is
@@ -33,6 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from pipelines.common.tracking import git_state
 from specdec.engine.settings import SpecSettings
+from specdec.models.acceptance import ACCEPTANCE_FILE, AcceptanceModel
 from specdec.models.block_drafter import CONFIG_FILE as DRAFTER_CONFIG
 from specdec.models.block_drafter import BlockDrafter
 from specdec.models.preverifier import CONFIG_FILE as PREVERIFIER_CONFIG
@@ -63,10 +67,12 @@ def copy_as_bfloat16(src: Path, dst: Path) -> None:
 def checked_dir(ref: str, kind: str) -> Path:
     """A local checkpoint directory of ``kind`` (``models:/`` references are downloaded)."""
     path = Path(resolve_model_ref(ref))
-    ok = BlockDrafter.is_checkpoint(path) if kind == "drafter" \
-        else (path / PREVERIFIER_CONFIG).is_file()
+    ok = {"drafter": BlockDrafter.is_checkpoint,
+          "acceptance": AcceptanceModel.is_checkpoint}.get(
+        kind, lambda p: (p / PREVERIFIER_CONFIG).is_file())(path)
     if not ok:
-        raise FileNotFoundError(f"--{kind} {ref}: not a {kind} checkpoint directory")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise FileNotFoundError(f"--{kind} {ref}: not {article} {kind} checkpoint directory")
     return path
 
 
@@ -114,10 +120,14 @@ def replace_dir(new: Path, out: Path) -> None:
 
 def export(drafter: str, preverifier: str, out: str | Path, pacer_defaults: str | None = None,
            extra: dict | None = None, limit_bytes: int = LIMIT_BYTES,
-           command: list[str] | None = None) -> Path:
+           command: list[str] | None = None, acceptance: str | None = None) -> Path:
     out = Path(out).absolute()
     drafter_dir, pre_dir = checked_dir(drafter, "drafter"), checked_dir(preverifier, "preverifier")
     pacer = read_pacer_defaults(pacer_defaults) if pacer_defaults else None
+    accepting = None
+    if acceptance:
+        accepting = checked_dir(acceptance, "acceptance")
+        config = json.loads((accepting / ACCEPTANCE_FILE).read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
@@ -125,6 +135,9 @@ def export(drafter: str, preverifier: str, out: str | Path, pacer_defaults: str 
         copy_as_bfloat16(pre_dir, tmp / "preverifier")
         if pacer is not None:
             (tmp / PACER_DEFAULTS).write_text(json.dumps(pacer, indent=2) + "\n")
+        if accepting is not None:
+            copy_as_bfloat16(accepting, tmp / f"acceptance-{config['drafter']}")
+            extra = {**(extra or {}), "acceptance": {"source": acceptance, "config": config}}
         facts = drafter_facts(drafter, drafter_dir)
         provenance = {**(extra or {}),
                       "target": facts["target"], "drafter": facts,
@@ -151,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drafter", required=True, help="block-drafter directory or models:/ ref")
     ap.add_argument("--preverifier", required=True, help="pre-verifier directory or models:/ ref")
     ap.add_argument("--pacer-defaults", help="pacer_defaults.json from pipelines.evaluate")
+    ap.add_argument("--acceptance", help="an acceptance-model directory or models:/ ref")
     ap.add_argument("--provenance-extra", help="a JSON object merged into provenance.json")
     ap.add_argument("--out", required=True, help="e.g. artifacts/smollm2-135m")
     ap.add_argument("--max-mb", type=float, default=LIMIT_BYTES / 1e6)
@@ -160,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"--provenance-extra {a.provenance_extra} must hold a JSON object")
     command = [sys.executable, "-m", "pipelines.export_default", *(argv or sys.argv[1:])]
     out = export(a.drafter, a.preverifier, a.out, a.pacer_defaults, extra, int(a.max_mb * 1e6),
-                 command)
+                 command, a.acceptance)
     print(f"exported: {out} ({total_bytes(out) / 1e6:.2f} MB)")
 
 

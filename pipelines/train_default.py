@@ -7,10 +7,13 @@ Stages, each a subprocess ``python -m pipelines.JOB --config CONFIGS/JOB.yaml`` 
 ``RAY_AUTH_MODE=disabled``, timed: corpus -> responses (the target's own greedy answers to the
 training prompts, the drafter's text) -> train_drafter -> simulate -> train_preverifier ->
 evaluate (its PACER and ASD sweep on the dev split gives ``pacer_defaults.json``); then
-suffix_index (the responses as the suffix drafter's offline index; last, so that a state
-recorded before it existed can still resume) -> ``pipelines.export_default`` writes the
-bfloat16 pair to ``--out`` with a provenance that holds,
-per stage, the command, the config, the wall time, the MLflow run and its final metrics.
+suffix_index (the responses as the suffix drafter's offline index) -> simulate.suffix (the
+suffix drafter's rounds with the acceptance model's features) -> train_preverifier.acceptance
+(its acceptance model; these last, so that a state recorded before they existed can still
+resume) -> ``pipelines.export_default`` writes the bfloat16 pair (with ``suffix-index/`` and
+``acceptance-suffix/``) to ``--out`` with a provenance that holds, per stage, the command, the
+config, the wall time, the MLflow run and its final metrics. A stage is its config's name:
+``JOB`` or ``JOB.VARIANT`` runs ``pipelines.JOB`` on ``CONFIGS/JOB.VARIANT.yaml``.
 
 The training stages register new model versions and move ``champion`` to them (simulate and
 evaluate read ``models:/...@champion``); before every later stage the driver points
@@ -45,8 +48,9 @@ from pipelines.common.tracking import tracking_uri
 from specdec.models.sources import specdec_home
 
 STAGES = ("corpus", "responses", "train_drafter", "simulate", "train_preverifier", "evaluate",
-          "suffix_index")
-TRAINED = ("suffix_index", "train_drafter", "train_preverifier")  # the stages that register a model version
+          "suffix_index", "simulate.suffix", "train_preverifier.acceptance")
+# the stages that register a model version
+TRAINED = ("suffix_index", "train_drafter", "train_preverifier", "train_preverifier.acceptance")
 
 
 def state_path() -> Path:
@@ -143,32 +147,35 @@ def point_champions(state: dict, uri: str) -> None:
             set_champion(name, version, uri)
 
 
-def run_stage(job: str, config_file: Path, state: dict) -> None:
+def run_stage(stage: str, config_file: Path, state: dict) -> None:
+    """Run ``stage`` (``JOB`` or ``JOB.VARIANT``: ``pipelines.JOB``) on ``config_file`` and
+    record it in ``state``."""
+    job = stage.split(".")[0]
     python = os.path.relpath(sys.executable)
     command = [python, "-m", f"pipelines.{job}", "--config", str(config_file)]
     settings = mlflow_settings(config_file)
     point_champions(state, tracking_uri(settings))
-    print(f"== {job}: RAY_AUTH_MODE=disabled {' '.join(command)}", flush=True)
+    print(f"== {stage}: RAY_AUTH_MODE=disabled {' '.join(command)}", flush=True)
     start, code = time.time(), None
     try:
         code = subprocess.run(command, env={**os.environ, "RAY_AUTH_MODE": "disabled"}).returncode
     finally:  # a failed or interrupted attempt still counts towards the stage's wall time
         elapsed = time.time() - start
         if code != 0:
-            state["failed_s"][job] = state["failed_s"].get(job, 0.0) + elapsed
+            state["failed_s"][stage] = state["failed_s"].get(stage, 0.0) + elapsed
             save_state(state)
     if code != 0:
-        raise SystemExit(f"{job} failed (exit {code}) after {elapsed:.0f} s; after fixing it, "
-                         f"continue with --from {job}")
-    state["stages"][job] = {
+        raise SystemExit(f"{stage} failed (exit {code}) after {elapsed:.0f} s; after fixing it, "
+                         f"continue with --from {stage}")
+    state["stages"][stage] = {
         "command": f"RAY_AUTH_MODE=disabled {' '.join(command)}",
         "config": yaml.safe_load(config_file.read_text()), "wall_s": round(elapsed, 1),
-        "failed_attempts_s": round(state["failed_s"].pop(job, 0.0), 1),
+        "failed_attempts_s": round(state["failed_s"].pop(stage, 0.0), 1),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **stage_run(job, settings, int(start * 1000)),
     }
     save_state(state)
-    print(f"== {job}: {elapsed:.0f} s", flush=True)
+    print(f"== {stage}: {elapsed:.0f} s", flush=True)
 
 
 def pacer_defaults(state: dict, settings, out_dir: Path) -> str | None:
@@ -207,9 +214,11 @@ def export(state: dict, configs: Path, out: Path) -> Path:
     pacer = pacer_defaults(state, settings, work)
     extra = provenance_extra(state)
     (work / "provenance-extra.json").write_text(json.dumps(extra, indent=2))
+    acceptance = state["stages"].get("train_preverifier.acceptance", {}).get("model_version")
     args = ["--drafter", state["stages"]["train_drafter"]["model_version"],
             "--preverifier", state["stages"]["train_preverifier"]["model_version"],
             *(["--pacer-defaults", pacer] if pacer else []),
+            *(["--acceptance", acceptance] if acceptance else []),
             "--provenance-extra", str(work / "provenance-extra.json"), "--out", str(out)]
     export_default.main(args)
     export_suffix_index(state, out)
@@ -242,17 +251,18 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     state = load_state()
     for item in a.record:
-        job, _, ids = item.partition("=")
-        if job not in STAGES or not ids:
+        stage, _, ids = item.partition("=")
+        if stage not in STAGES or not ids:
             raise ValueError(f"--record {item!r}: expected STAGE=RUN_ID[,RUN_ID...]")
-        config_file = Path(a.configs) / f"{job}.yaml"
-        state["stages"][job] = adopted(job, ids.split(","), mlflow_settings(config_file))
+        config_file = Path(a.configs) / f"{stage}.yaml"
+        state["stages"][stage] = adopted(stage.split(".")[0], ids.split(","),
+                                         mlflow_settings(config_file))
     save_state(state)
     todo = plan(a.start, state)
-    for job in todo:
-        state["stages"].pop(job, None)  # a stage that runs again replaces its record
-    for job in todo:
-        run_stage(job, Path(a.configs) / f"{job}.yaml", state)
+    for stage in todo:
+        state["stages"].pop(stage, None)  # a stage that runs again replaces its record
+    for stage in todo:
+        run_stage(stage, Path(a.configs) / f"{stage}.yaml", state)
     export(state, Path(a.configs), Path(a.out))
 
 

@@ -14,17 +14,25 @@ of its shards (``pipelines.common.global_batch``), its loss divided by the globa
 of valid tokens: W workers train what one worker trains with the same ``data_shards``.
 Every ``checkpoint_every`` steps the model and optimiser are checkpointed; after a worker failure
 (``scaling.max_failures``) the worker group resumes from the last one and draws the same batches.
+
+Rows of the acceptance model's features (their file's metadata ``specdec.acceptance``, written
+by ``pipelines.simulate`` for ngram and suffix drafters) train an acceptance model
+(``specdec.models.acceptance``) the same way: its parts are normalised apart, each step keeps
+only the tokens whose predecessors were all accepted (its label: accepted given they were), and
+it is registered as ``<target>-acceptance-<drafter>``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import tempfile
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from pydantic import Field
 from tqdm import tqdm
@@ -41,10 +49,10 @@ from pipelines.common.config import (
     target_name,
 )
 from pipelines.common.faults import maybe_fail
-from pipelines.common.formats import STEPS_SCHEMA
+from pipelines.common.formats import ACCEPTANCE_META, STEPS_SCHEMA
 from pipelines.common.global_batch import global_sum, shard_draws, worker_slots
 from pipelines.common.shards import SHARD, OwnedShards, held_rows, only, owned, with_shards
-from pipelines.common.tables import read_table
+from pipelines.common.tables import metadata, read_table
 
 SHARDED = STEPS_SCHEMA.append(pa.field(SHARD, pa.int32()))  # the rows a worker receives
 
@@ -72,6 +80,7 @@ class TrainPreVerifierConfig(TrainJob):
     lr: float = 1e-3
     seed: int = 0
     dtype: Literal["float32"] = "float32"
+    save_dtype: Literal["float32", "bfloat16"] = "float32"  # the saved weights' (bfloat16: half)
     device: Device = "cpu"  # the driver's (scaling.num_workers 0); a worker takes Ray's (use_gpu)
     scaling: Scaling = Scaling()
     mlflow: MlflowSettings = MlflowSettings()
@@ -81,17 +90,38 @@ def heldout(request: str, percent: float) -> bool:
     return int(hashlib.sha1(request.encode()).hexdigest()[:8], 16) % 10000 < percent * 100
 
 
-def load_steps(path: str, percent: float):
-    """-> (train steps, held-out steps) of the whole file, as lists of ``Step``."""
+def acceptance_of(path: str) -> dict | None:
+    """What the rows' acceptance features are (``pipelines.simulate``'s ``specdec.acceptance``
+    metadata: the drafter kind and the root width, the signals' width added from a row), or
+    None for a pre-verifier's rows."""
+    meta = metadata(path).get(ACCEPTANCE_META)
+    if meta is None:
+        return None
+    info = json.loads(meta)
+    first = pq.read_table(path, columns=["hidden"]).slice(0, 1).column("hidden").to_pylist()
+    if not first:
+        raise ValueError(f"train_preverifier.data: {path} has no rows")
+    signals = len(first[0]) - 2 * info["root_size"]
+    if signals < 1:
+        raise ValueError(f"train_preverifier.data: {path} rows of {len(first[0])} features hold "
+                         f"no drafter signals past two {info['root_size']}-wide parts")
+    return {**info, "signal_size": signals}
+
+
+def load_steps(path: str, percent: float, reached: bool = False):
+    """-> (train steps, held-out steps) of the whole file, as lists of ``Step`` (``reached``:
+    only the tokens whose predecessors were all accepted)."""
     table = read_table(path, STEPS_SCHEMA, "train_preverifier.data")
     if table.num_rows == 0:
         raise ValueError(f"train_preverifier.data: {path} has no rows")
-    return (steps_of(keep_split(table, percent, held=False)),
-            steps_of(keep_split(table, percent, held=True)))
+    return (steps_of(keep_split(table, percent, held=False), reached),
+            steps_of(keep_split(table, percent, held=True), reached))
 
 
-def steps_of(table: pa.Table) -> list:
-    """The steps (rounds) of rows of ``STEPS_SCHEMA``, ordered by request and step."""
+def steps_of(table: pa.Table, reached: bool = False) -> list:
+    """The steps (rounds) of rows of ``STEPS_SCHEMA``, ordered by request and step; with
+    ``reached``, each cut after its first rejected token (an acceptance model's labels: a token
+    accepted given its predecessors were)."""
     from specdec.training.preverifier_data import Step
 
     table = table.sort_by([("request", "ascending"), ("step", "ascending"),
@@ -103,8 +133,12 @@ def steps_of(table: pa.Table) -> list:
         key = (cols["request"][start], cols["step"][start])
         if i < table.num_rows and (cols["request"][i], cols["step"][i]) == key:
             continue
-        steps.append(Step(hidden[start:i], torch.tensor(cols["accepted"][start:i],
-                                                        dtype=torch.float32)))
+        labels = torch.tensor(cols["accepted"][start:i], dtype=torch.float32)
+        end = i
+        rejected = (labels == 0).nonzero()
+        if reached and len(rejected):  # the first rejection and the tokens before it
+            end = start + int(rejected[0]) + 1
+        steps.append(Step(hidden[start:end], labels[:end - start]))
         start = i
     return steps
 
@@ -172,16 +206,19 @@ def train_loop(loop_cfg: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = loop_device(cfg.scaling, cfg.device)
     (rows, held_table), shards = rows_here(cfg), cfg.shards()
-    mine = {s: steps_of(only(rows, range(s, s + 1))) for s in owned(rank, world, shards)}
+    acceptance = loop_cfg.get("acceptance")  # None: a pre-verifier's rows
+    reached = acceptance is not None
+    mine = {s: steps_of(only(rows, range(s, s + 1)), reached) for s in owned(rank, world, shards)}
     packs = {s: pack_steps(steps, cfg.pack_len).to(device) for s, steps in mine.items()}
     sizes = {s: p.hidden.shape[0] for s, p in packs.items()}
-    held_steps = steps_of(held_table) or sum(mine.values(), [])
+    held_steps = steps_of(held_table, reached) or sum(mine.values(), [])
     held = pack_steps(held_steps, cfg.pack_len).to(device)
     m = cfg.model
+    parts = () if acceptance is None else accepting(cfg, acceptance).parts
     torch.manual_seed(cfg.seed)
     model = PreVerifier(PreVerifierConfig(input_size=held.hidden.shape[-1], width=m.width,
                                           heads=m.heads, max_positions=m.max_positions,
-                                          use_position=m.use_position))
+                                          use_position=m.use_position, parts=parts))
     start_dir = ckpt.restore(cfg.output(), loop_cfg["run_id"])
     if start_dir:
         model.load_state_dict(PreVerifier.load(start_dir / "preverifier").state_dict())
@@ -203,7 +240,16 @@ def train_loop(loop_cfg: dict) -> None:
             client.log_metric(loop_cfg["run_id"], "train_loss", loss, step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             checkpoint(model, opt, cfg.output(), step + 1, loss, loop_cfg["run_id"], rank)
-    report(model, evaluate(model, held), rank)
+    report(model, evaluate(model, held), rank, cfg.save_dtype)
+
+
+def accepting(cfg: TrainPreVerifierConfig, acceptance: dict):
+    """The ``AcceptanceConfig`` of the model trained on rows described by ``acceptance``."""
+    from specdec.models.acceptance import AcceptanceConfig
+
+    m = cfg.model
+    return AcceptanceConfig(acceptance["drafter"], acceptance["root_size"],
+                            acceptance["signal_size"], m.width, m.heads, m.max_positions)
 
 
 def pick(packs: dict, draws: list[tuple[int, int]]):
@@ -246,14 +292,14 @@ def checkpoint(model, opt, run_dir: Path, step: int, loss: float, run_id: str, r
                      checkpoint=ray.train.Checkpoint.from_directory(out))
 
 
-def report(net, metrics: dict, rank: int) -> None:
+def report(net, metrics: dict, rank: int, dtype: str = "float32") -> None:
     import ray.train
 
     if rank != 0:
         ray.train.report(metrics)
         return
     out = Path(tempfile.mkdtemp(prefix="preverifier-"))
-    net.cpu().eval().save(out / "preverifier")
+    net.cpu().eval().save(out / "preverifier", getattr(torch, dtype))
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(out))
 
 
@@ -263,14 +309,16 @@ def calibration_plot(cfg: TrainPreVerifierConfig, model_dir: Path):
     from specdec.training.calibration import calibration_bins
     from specdec.training.preverifier_data import pack_steps
 
-    train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent)
+    reached = acceptance_of(cfg.data) is not None
+    train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent, reached)
     packed = pack_steps(held_steps or train_steps, cfg.pack_len)
     net = PreVerifier.load(model_dir)
     with torch.no_grad():
         probs = torch.sigmoid(net(packed.hidden, packed.positions, packed.step_ids))[packed.valid]
     mean_pred, rate, count = calibration_bins(probs, packed.labels[packed.valid])
     keep = count > 0
-    return calibration_figure(mean_pred[keep].tolist(), rate[keep].tolist(), "pre-verifier")
+    name = "acceptance model" if reached else "pre-verifier"
+    return calibration_figure(mean_pred[keep].tolist(), rate[keep].tolist(), name)
 
 
 def run(cfg: TrainPreVerifierConfig) -> dict:
@@ -284,7 +332,8 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
     from pipelines.common.pools import ensure_ray
     from pipelines.common.tracking import log_figure, log_params, register, start_run, tracking_uri
 
-    load_steps(cfg.data, cfg.heldout_percent)  # fail fast on a bad file, before Ray
+    acceptance = acceptance_of(cfg.data)  # fails fast on a bad file, before Ray
+    load_steps(cfg.data, cfg.heldout_percent, acceptance is not None)
     with start_run(cfg.mlflow, "train_preverifier") as run_:
         log_params(cfg.model_dump())
         ensure_ray()
@@ -292,7 +341,8 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
         result = TorchTrainer(
             train_loop,
             train_loop_config={"config": cfg.model_dump(), "run_id": run_.info.run_id,
-                               "tracking_uri": tracking_uri(cfg.mlflow)},
+                               "tracking_uri": tracking_uri(cfg.mlflow),
+                               "acceptance": acceptance},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker=s.worker_resources()),
             datasets=datasets(cfg) if s.num_workers > 0 else None,
@@ -303,23 +353,31 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
         ).fit()
         if result.error:
             raise result.error
-        final = cfg.output() / f"preverifier-{run_.info.run_id[:8]}"
+        kind = "preverifier" if acceptance is None else "acceptance"
+        final = cfg.output() / f"{kind}-{run_.info.run_id[:8]}"
         with result.checkpoint.as_directory() as done:
             shutil.copytree(Path(done) / "preverifier", final, dirs_exist_ok=True)
+        name = f"{target_name(cfg.target)}-preverifier"
+        if acceptance is not None:  # the net is a pre-verifier's; this file makes it one of these
+            from specdec.models.acceptance import ACCEPTANCE_FILE
+
+            config = accepting(cfg, acceptance)
+            (final / ACCEPTANCE_FILE).write_text(json.dumps(asdict(config), indent=2))
+            name = f"{target_name(cfg.target)}-acceptance-{config.drafter}"
         held = {f"heldout_{k}": v for k, v in result.metrics.items() if isinstance(v, float)}
         mlflow.log_metrics(held)
-        mlflow.log_artifacts(str(final), artifact_path="preverifier")
+        mlflow.log_artifacts(str(final), artifact_path=kind)
         log_figure(calibration_plot(cfg, final), "calibration")
         history = mlflow.MlflowClient().get_metric_history(run_.info.run_id, "train_loss")
-        log_figure(loss_figure(history, "pre-verifier (BCE)"), "loss")
-        uri = register(cfg.mlflow, f"{target_name(cfg.target)}-preverifier", run_, "preverifier")
-    return {"preverifier": str(final), "model_uri": uri, "metrics": held,
-            "run_id": run_.info.run_id}
+        log_figure(loss_figure(history, f"{kind} (BCE)"), "loss")
+        uri = register(cfg.mlflow, name, run_, kind)
+    return {kind: str(final), "model_uri": uri, "metrics": held, "run_id": run_.info.run_id}
 
 
 def main(argv=None) -> None:
     out = run(cli_config(TrainPreVerifierConfig, argv, "Train the PACER pre-verifier."))
-    print(f"preverifier: {out['preverifier']}\nregistered: {out['model_uri']}\n{out['metrics']}")
+    kind = "preverifier" if "preverifier" in out else "acceptance"
+    print(f"{kind}: {out[kind]}\nregistered: {out['model_uri']}\n{out['metrics']}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ def add_generate(sub) -> None:
                    help="hybrid: the block-drafter checkpoint (with --preverifier)")
     g.add_argument("--preverifier", default=None,
                    help="pre-verifier checkpoint for PACER, or 'untrained' (random weights)")
+    g.add_argument("--acceptance", default=None,
+                   help="the drafter's acceptance model for PACER and the drafts' survival: a "
+                        "checkpoint, models:/NAME@ALIAS, or 'untrained'")
     add_speculative(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -206,25 +209,27 @@ def run_generate(args) -> int:
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_pair
     from specdec.engine.settings import GenerationParams, SpecSettings
+    from specdec.models.registry import resolve_model_ref
     from specdec.models.suffix import SuffixConfig
 
     spec = SpecSettings(policy=args.policy, verify=args.verify,
                         **{key: getattr(args, key) for key in FLAT})
     params = GenerationParams(args.max_new_tokens, args.temperature, args.seed, spec)
     text = args.prompt if args.prompt is not None else args.prompt_file.read_text()
-    if "scorer" in POLICIES.get(args.policy).needs and args.preverifier is None:
+    if "scorer" in POLICIES.get(args.policy).needs and not (args.preverifier or args.acceptance):
         raise ValueError(f"--policy {args.policy} needs --preverifier "
-                         "(a trained pre-verifier checkpoint)")
+                         "(a trained pre-verifier checkpoint) or --acceptance")
     if args.suffix_index and "suffix" not in DRAFTERS.resolve(args.drafter).needs:
         readers = [e.name for e in DRAFTERS.entries if "suffix" in e.needs]
         raise ValueError(f"--suffix-index needs --drafter {' or '.join(readers)}")
     pair = load_pair(args.target, args.drafter, args.preverifier, args.dtype, args.device,
                      SuffixConfig(index=args.suffix_index), args.block_drafter,
-                     **runtime_knobs(args))
+                     resolve_model_ref(args.acceptance), **runtime_knobs(args))
     plan = pair.target.plan
     print(plan.describe() if plan else "plan: transformers (not the runtime)", file=sys.stderr)
     prompt_ids = encode_prompt(pair.target.tokenizer, text, args.chat)
-    stream = Engine(pair.target, pair.drafter, pair.preverifier).stream(prompt_ids, params)
+    stream = Engine(pair.target, pair.drafter, pair.preverifier,
+                    pair.acceptance).stream(prompt_ids, params)
     decode = pair.target.tokenizer.decode
     if args.json:
         out = stream.result()

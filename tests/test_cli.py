@@ -63,6 +63,14 @@ def test_pacer_with_an_untrained_preverifier_runs(tiny_llama, capsys):
     assert json.loads(capsys.readouterr().out)["stats"]["committed"] == 10
 
 
+def test_pacer_on_an_acceptance_model_runs(tiny_llama, capsys):
+    code = main(["generate", "--target", tiny_llama["target"], "--drafter", "ngram", "--policy",
+                 "pacer", "--acceptance", "untrained", "--max-new-tokens", "10", "--prompt",
+                 "abc abc abc", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["committed"] == 10
+
+
 def test_suffix_with_an_index_and_hybrid_run(tiny_llama, tmp_path, capsys):
     from specdec.models.suffix_index import SuffixIndex
     from specdec.models.target import TargetModel

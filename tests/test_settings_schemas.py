@@ -37,7 +37,8 @@ def test_the_cli_has_an_option_per_flat_key_with_its_default():
 
 
 def test_the_serve_and_http_schema_have_every_flat_key_and_section():
-    assert set(Speculative.model_fields) == NAMES | set(FLAT) | set(SECTIONS)
+    # acceptance: a request's switch of the server's acceptance model (the CLI's is --acceptance)
+    assert set(Speculative.model_fields) == NAMES | {"acceptance"} | set(FLAT) | set(SECTIONS)
     assert {k: defaults(Speculative)[k] for k in FLAT} == {k: flat_knob(k)[1].default
                                                           for k in FLAT}
     for name, cls in SECTIONS.items():

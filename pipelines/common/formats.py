@@ -37,8 +37,11 @@ STEPS_SCHEMA = pa.schema([
     ("greedy", pa.int32()),  # target's greedy token y*_i
     ("regret", pa.float32()),  # z_i(y*_i) - z_i(x_i), raw logits
     ("accepted", pa.int8()),  # 1 = accepted by the configured verifier
-    ("hidden", pa.list_(pa.float32())),  # [D] drafter hidden state
+    ("hidden", pa.list_(pa.float32())),  # [D] drafter hidden state, or [2H + D] acceptance features
 ])
+# STEPS_SCHEMA metadata of rows that hold the acceptance model's features: JSON {"drafter": its
+# kind, "root_size": H} (the signals' width D is the rest of a row's hidden)
+ACCEPTANCE_META = "specdec.acceptance"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -22,6 +22,7 @@ from specdec.engine.settings import GenerationParams
 from specdec.engine.stats import RequestStats
 from specdec.engine.stops import StopStrings
 from specdec.engine.workers import Draft, DraftWorker, OpenRequest, TargetWorker
+from specdec.models.acceptance import AcceptanceModel
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
 
@@ -90,11 +91,17 @@ class Engine:
     _ids = itertools.count()
 
     def __init__(self, target_model: TargetModel, draft_model: Drafter | None = None,
-                 preverifier=None):
+                 preverifier=None, acceptance: AcceptanceModel | None = None):
+        """``acceptance``: the acceptance model (``specdec.models.acceptance``), whose root
+        state the target then taps (its ``tap_layers``: ``load_pair`` sets them)."""
         check_pair(target_model, draft_model)
-        features = bool(draft_model and draft_model.needs_target_features)
+        if acceptance is not None:
+            acceptance.check(target_model, draft_model)
+        features = draft_model is not None and (bool(draft_model.needs_target_features)
+                                                or acceptance is not None)
         self.target_worker = TargetWorker(target_model, features)
-        self.draft_worker = None if draft_model is None else DraftWorker(draft_model, preverifier)
+        self.draft_worker = None if draft_model is None else DraftWorker(draft_model, preverifier,
+                                                                         acceptance)
         self.eos = target_model.eos_token_ids
 
     def stream(self, prompt_ids: list[int], params: GenerationParams | None = None,

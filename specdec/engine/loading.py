@@ -5,14 +5,17 @@ autoregressive decoding), ``ngram`` (prompt lookup), ``suffix`` (SuffixDecoding;
 tree bounds in a ``SuffixConfig``), ``hybrid`` (suffix or the block drafter ``block_drafter``
 with its pre-verifier, per round), ``self`` (the target as its own AR drafter, a check that
 accepts everything), a block-drafter checkpoint directory, or the path / hub id of an
-autoregressive draft LM. Pre-verifier references: a checkpoint directory, or ``untrained``
-(random weights: PACER runs, but its scores mean nothing until it is trained).
+autoregressive draft LM. Pre-verifier and acceptance-model references: a checkpoint
+directory, or ``untrained`` (random weights: PACER runs, but its scores mean nothing until it is
+trained). With an acceptance model the target taps what it reads (``acceptance_taps``), and
+only then.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.models.acceptance import AcceptanceModel, acceptance_taps, load_acceptance
 from specdec.models.drafter import Drafter
 from specdec.models.drafters import DRAFTERS, DrafterArgs, build_drafter, drafter_taps
 from specdec.models.preverifier import PreVerifier, load_preverifier, untrained_preverifier
@@ -20,8 +23,8 @@ from specdec.models.suffix import SuffixConfig
 from specdec.models.target import TargetModel, dtype_name
 from specdec.models.target_parts import TargetParts
 
-__all__ = ["ModelPair", "load_drafter", "load_drafter_side", "load_pair", "load_preverifier",
-           "load_target", "target_taps", "untrained_preverifier"]
+__all__ = ["ModelPair", "load_acceptance", "load_drafter", "load_drafter_side", "load_pair",
+           "load_preverifier", "load_target", "target_taps", "untrained_preverifier"]
 
 
 @dataclass
@@ -29,17 +32,22 @@ class ModelPair:
     target: TargetModel
     drafter: Drafter | None
     preverifier: PreVerifier | None
+    acceptance: AcceptanceModel | None = None
 
 
 def load_pair(target_ref: str, drafter_ref: str = "none", preverifier_ref: str | None = None,
               dtype: str = "float32", device: str = "cpu", suffix: SuffixConfig | None = None,
-              block_drafter: str | None = None, **runtime) -> ModelPair:
-    """The target (``runtime``: ``load_target``'s knobs of its plan), its drafter and the
-    pre-verifier."""
+              block_drafter: str | None = None, acceptance_ref: str | None = None,
+              **runtime) -> ModelPair:
+    """The target (``runtime``: ``load_target``'s knobs of its plan), its drafter, the
+    pre-verifier and the acceptance model (``acceptance_ref``: a directory or ``untrained``)."""
+    on = bool(acceptance_ref) and drafter_ref != "none"
     target = load_target(target_ref, drafter_ref, dtype, device, block_drafter=block_drafter,
-                         **runtime)
+                         acceptance=on, **runtime)
     drafter = load_drafter(drafter_ref, target, dtype, suffix, block_drafter, preverifier_ref)
-    return ModelPair(target, drafter, load_preverifier(preverifier_ref, drafter))
+    kind = DRAFTERS.resolve(drafter_ref).name
+    return ModelPair(target, drafter, load_preverifier(preverifier_ref, drafter),
+                     load_acceptance(acceptance_ref if on else None, kind, drafter, target))
 
 
 def target_taps(drafter_ref: str, block_drafter: str | None = None) -> tuple[int, ...]:
@@ -54,13 +62,21 @@ def load_target(target_ref: str, drafter_ref: str = "none", dtype: str = "float3
                 linears: str = "auto", kv_cache_dtype: str = "auto",
                 max_model_len: int | None = None, backend: str = "auto",
                 omp_wait_policy: str = "auto", isa: str = "auto",
-                threads_by_load: str = "auto") -> TargetModel:
-    """The target, tapping the layers that ``drafter_ref`` needs as features; on the runtime
+                threads_by_load: str = "auto", acceptance: bool = False) -> TargetModel:
+    """The target, tapping the layers that ``drafter_ref`` needs as features (and, with an
+    ``acceptance`` model, the layer it reads: ``acceptance_taps``); on the runtime
     as the plan of its knobs says (``specdec.runtime.RuntimeConfig``: ``kv_slots`` requests of
     ``max_model_len`` positions at once, ``backend`` torch or x86, its linears, attention, KV
     dtype and x86 kernels' ``isa``, the OpenMP wait policy its process started with, and
     ``threads_by_load``)."""
     taps = target_taps(drafter_ref, block_drafter)
+    if acceptance:
+        from transformers import AutoConfig
+
+        from specdec.models.sources import resolve
+
+        layers = AutoConfig.from_pretrained(resolve(target_ref)).num_hidden_layers
+        taps = acceptance_taps(layers, taps)
     return TargetModel.from_pretrained(target_ref, dtype=dtype, tap_layers=taps, device=device,
                                        pool_size=kv_slots, attention=attention, linears=linears,
                                        kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,

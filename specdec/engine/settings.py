@@ -101,10 +101,16 @@ class SpecSettings:
     policy: str
     verify: str | None
     sections: tuple[tuple[str, Any], ...]  # (section name, its config), every section
+    # use the acceptance model (``specdec.models.acceptance``) where one is loaded: PACER's
+    # scores and the drafts' survival; False: the drafter's own signals, as without one
+    acceptance: bool
 
     def __init__(self, policy: str = "fixed", verify: str | None = None,
-                 sections: tuple[tuple[str, Any], ...] | None = None, **given: Any):
+                 sections: tuple[tuple[str, Any], ...] | None = None, acceptance: bool = True,
+                 **given: Any):
         POLICIES.get(policy)  # an unknown name raises, listing the known ones
+        if not isinstance(acceptance, bool):
+            raise ValueError(f"speculative acceptance must be true or false, got {acceptance!r}")
         if verify is not None:
             VERIFIERS.get(verify)
         base = dict(sections) if sections is not None else {n: c() for n, c in SECTIONS.items()}
@@ -127,11 +133,13 @@ class SpecSettings:
         object.__setattr__(self, "policy", policy)
         object.__setattr__(self, "verify", verify)
         object.__setattr__(self, "sections", tuple(configs.items()))
+        object.__setattr__(self, "acceptance", acceptance)
 
     def updated(self, **given: Any) -> SpecSettings:
-        """These settings with ``given`` (flat keys, sections, policy, verify) laid over them."""
+        """These settings with ``given`` (flat keys, sections, policy, verify, acceptance) laid
+        over them."""
         return SpecSettings(given.pop("policy", self.policy), given.pop("verify", self.verify),
-                            self.sections, **given)
+                            self.sections, given.pop("acceptance", self.acceptance), **given)
 
     def section(self, name: str) -> Any:
         """The config of section ``name``; None for an entry without knobs (strict, sample)."""
@@ -142,8 +150,8 @@ class SpecSettings:
         return self.section(self.policy)
 
     def flat(self) -> dict:
-        """The flat form: policy, verify and every flat key (from its first knob)."""
-        return {"policy": self.policy, "verify": self.verify,
+        """The flat form: policy, verify, acceptance and every flat key (from its first knob)."""
+        return {"policy": self.policy, "verify": self.verify, "acceptance": self.acceptance,
                 **{key: getattr(self.section(s), n) for key, ((s, n), *_) in FLAT.items()}}
 
     def __getattr__(self, key: str) -> Any:  # flat reads, as before: spec.gamma, spec.max_draft

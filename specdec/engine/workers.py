@@ -2,9 +2,10 @@
 
 ``TargetWorker`` owns the target model, every request's KV cache and verifier state (ASD's
 ledger), and runs verification next to the logits. ``DraftWorker`` owns the drafter, the PACER
-pre-verifier and every request's drafter state. Both are batch-first: a call may carry many
-requests (dicts keyed by request id) and runs one model forward for all of them; one request is
-a batch of one. Only
+pre-verifier or the acceptance model (``specdec.models.acceptance``: it keeps each request's
+root state from the taps it is handed) and every request's drafter state. Both are
+batch-first: a call may carry many requests (dicts keyed by request id) and runs one model
+forward for all of them; one request is a batch of one. Only
 token ids, a few stats and a few feature rows cross between them, never full logits, so in
 serving each is a Ray actor (``actors/`` wraps these classes) and in the single-process engine
 they are local objects running the same code.
@@ -29,6 +30,7 @@ from specdec.algorithms.sampling import Sampling
 from specdec.algorithms.verify import Verifier, VerifyInputs, make_verifier
 from specdec.engine.logprobs import TokenLogprobs, score
 from specdec.engine.settings import GenerationParams
+from specdec.models.acceptance import AcceptanceModel, survival
 from specdec.models.drafter import DraftBlock, Drafter
 from specdec.models.target import TargetModel, TargetOutput, TargetState
 
@@ -45,6 +47,9 @@ class Draft:
     # [K] the drafter's estimate that the draft up to each token is accepted, where it makes one
     # (``DraftBlock.confidence``); load-aware speculation reads it (``actors.goodput``)
     confidence: tuple[float, ...] | None = None
+    # [K] the acceptance model's survival at each token (the chance the draft is accepted up
+    # to it), where the model is on; load-aware speculation prices it as it is
+    survival: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -298,7 +303,11 @@ class DraftRequest:
     policy: DraftPolicy
     policy_state: Any
     sampling: Sampling
-    timers: dict  # {"preverifier": seconds in this round's pre-verifier calls}
+    # {"preverifier": seconds in this round's pre-verifier calls, "scores": its last scores}
+    timers: dict
+    # [W] the acceptance model's term of the draft's root state (``AcceptanceModel.root``),
+    # while it scores the request's drafts
+    root: torch.Tensor | None = None
 
 
 class DraftWorker:
@@ -307,9 +316,16 @@ class DraftWorker:
     requests, the others (n-gram, suffix, AR) run per request. ``open`` takes dicts too;
     ``draft`` / ``commit`` are the batch of one."""
 
-    def __init__(self, draft_model: Drafter, preverifier: torch.nn.Module | None = None):
+    def __init__(self, draft_model: Drafter, preverifier: torch.nn.Module | None = None,
+                 acceptance: AcceptanceModel | None = None):
+        if preverifier is not None and acceptance is not None:
+            raise ValueError("PACER reads a pre-verifier or an acceptance model, not both")
         self.draft_model = draft_model
         self.preverifier = preverifier
+        self.acceptance = acceptance
+        # whether a caller reads a draft's survival (a scheduler that prices drafts: it sets
+        # this); else a draft carries it only where PACER's scores give it for free
+        self.survival = False
         self.requests: dict[str, DraftRequest] = {}
 
     @property
@@ -341,25 +357,33 @@ class DraftWorker:
                              "its block draft itself; use policy fixed (gamma caps the draft)")
         extra = {}
         timers = {"preverifier": 0.0}
+        root = None
+        if self.acceptance is not None and spec.acceptance:
+            root = self.acceptance.root(features)
         if "scorer" in POLICIES.get(spec.policy).needs:
-            extra["scorer"] = self._timed_scorer(timers)
+            extra["scorer"] = self._timed_scorer(timers, root is not None)
         policy = make_policy(spec.policy, spec.policy_config, **extra)
         draft_gen, _ = generators(params.seed)
         # drafters that read per-request settings (suffix, hybrid) get them at start
         settings = {"settings": spec} if getattr(self.draft_model, "reads_settings", False) else {}
         self.requests[rid] = DraftRequest(
             self.draft_model.start(prompt_ids, features, **settings), policy, policy.new_state(),
-            Sampling(params.temperature, draft_gen, **params.warp_params()), timers,
+            Sampling(params.temperature, draft_gen, **params.warp_params()), timers, root,
         )
 
-    def _timed_scorer(self, timers: dict):
-        if self.preverifier is None:
+    def _timed_scorer(self, timers: dict, acceptance: bool):
+        """PACER's scorer: the acceptance model over the blocks' inputs (``_draft`` puts them in
+        each block's hidden) when the request has it on, else the pre-verifier over the
+        drafter's hidden states."""
+        net = self.acceptance if acceptance else self.preverifier
+        if net is None:
             return None  # make_policy then says that PACER needs a pre-verifier
 
         def score(hidden: torch.Tensor) -> torch.Tensor:
             t0 = time.perf_counter()
-            probs = self.preverifier.score(hidden)
+            probs = net.score(hidden)
             timers["preverifier"] += time.perf_counter() - t0
+            timers["scores"] = probs
             return probs
 
         return score
@@ -386,6 +410,8 @@ class DraftWorker:
             limit = min(limit, self.draft_model.max_draft_len)
         if self.preverifier is not None:  # it cannot score positions it has no embedding for
             limit = min(limit, self.preverifier.c.max_positions)
+        if self.acceptance is not None:
+            limit = min(limit, self.acceptance.max_positions)
         return max(0, limit)
 
     def _prepare(self, batch: dict[str, tuple[DraftRequest, int]]) -> set[str]:
@@ -403,21 +429,42 @@ class DraftWorker:
 
     def _draft(self, req: DraftRequest, limit: int, shared_s: float) -> Draft:
         """One request's draft: its policy drives ``propose``, as the paper's loop reads."""
-        t0, req.timers["preverifier"] = time.perf_counter(), 0.0
+        t0, req.timers["preverifier"], req.timers["scores"] = time.perf_counter(), 0.0, None
 
         def propose(n: int) -> DraftBlock:
-            return self.draft_model.propose(req.state, n, req.sampling)
+            block = self.draft_model.propose(req.state, n, req.sampling)
+            if req.root is None:
+                return block
+            return replace(block, hidden=self.acceptance.inputs(req.root, block.tokens,
+                                                                block.hidden))
 
         blocks = [b for b in req.policy.draft(propose, limit, req.policy_state) if len(b)]
         tokens = [int(t) for b in blocks for t in b.tokens]
         probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
+        surviving = self._survival(req, blocks, len(tokens))
         elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
         source = getattr(req.state, "source", None) if tokens else None
         confidence = None
         if blocks and all(b.confidence is not None for b in blocks):
             confidence = tuple(float(c) for b in blocks for c in b.confidence)
         return Draft(tokens, probs, drafter_s=shared_s + elapsed - pre, preverifier_s=pre,
-                     source=source, confidence=confidence)
+                     source=source, confidence=confidence, survival=surviving)
+
+    def _survival(self, req: DraftRequest, blocks: list[DraftBlock],
+                  n: int) -> tuple[float, ...] | None:
+        """The draft's survival by the acceptance model (None: off for the request); PACER's
+        last scores when they cover the draft, else one scoring of it (timed as PACER's) when
+        a caller reads it (``survival``)."""
+        if req.root is None or n == 0:
+            return None
+        scores = req.timers["scores"]
+        if scores is None or scores.shape[0] != n:
+            if not self.survival:
+                return None
+            t0 = time.perf_counter()
+            scores = self.acceptance.score(torch.cat([b.hidden for b in blocks]))
+            req.timers["preverifier"] += time.perf_counter() - t0
+        return survival(scores)
 
     def commit(self, rid: str, result: RoundResult, drafted: int) -> None:
         self.commit_batch({rid: (result, drafted)})
@@ -437,6 +484,8 @@ class DraftWorker:
                 self.draft_model.commit(*item)
         for rid, (result, drafted) in commits.items():
             reqs[rid].policy.update(reqs[rid].policy_state, drafted, result.accepted)
+            if reqs[rid].root is not None:  # the new root: the last verified position's state
+                reqs[rid].root = self.acceptance.root(result.features)
 
     def close(self, rid: str) -> None:
         req = self.requests.pop(rid, None)

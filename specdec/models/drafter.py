@@ -36,7 +36,9 @@ class DraftBlock:
     """Tokens a drafter proposed in one ``propose`` call (n may be 0: nothing to propose)."""
 
     tokens: torch.Tensor  # [n] long, target vocabulary ids
-    hidden: torch.Tensor  # [n, D] the drafter's state that produced each token (pre-verifier input)
+    # [n, D] the drafter's state that produced each token: the pre-verifier's input, and the
+    # acceptance model's drafter signals (specdec.models.acceptance)
+    hidden: torch.Tensor
     probs: torch.Tensor | None = None  # [n, V] proposal distribution, only when sampling
     # [n] the drafter's estimate that the block up to each token is accepted (the suffix tree's
     # path probability); None: it makes none

@@ -6,6 +6,10 @@ causal self-attention layer (a token may look at the tokens drafted before it, n
 and outputs one acceptance logit per token. Training packs many decoding steps into one sequence;
 ``step_ids`` keeps the steps apart in attention (block-diagonal causal mask).
 
+An input may be made of *parts* of different scales (the acceptance model's target hidden
+state, token embedding and drafter signals, ``specdec.models.acceptance``): each part is then
+layer-normed on its own before the one projection.
+
 An untrained pre-verifier runs (its scores are near 0.5); the paper reports about 2.1% of
 inference time for it.
 """
@@ -19,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 
 CONFIG_FILE = "preverifier.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -31,18 +36,42 @@ class PreVerifierConfig:
     heads: int = 4
     max_positions: int = 64  # longest draft it can score
     use_position: bool = True  # ablation: PACER without the positional embedding
+    # widths of the input's parts, each normalised on its own (sum = input_size); () one part
+    parts: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "parts", tuple(self.parts))  # a JSON list, read back
+        if self.parts and sum(self.parts) != self.input_size:
+            raise ValueError(f"pre-verifier parts {self.parts} do not add up to input_size "
+                             f"{self.input_size}")
+
+
+class PartNorm(nn.Module):
+    """LayerNorm over each part of the last dimension on its own: [..., sum(parts)]."""
+
+    def __init__(self, parts: tuple[int, ...]):
+        super().__init__()
+        self.parts = parts
+        self.norms = nn.ModuleList(nn.LayerNorm(n) for n in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pieces = x.split(self.parts, dim=-1)
+        return torch.cat([norm(p) for norm, p in zip(self.norms, pieces, strict=True)], dim=-1)
 
 
 class PreVerifier(nn.Module):
     def __init__(self, c: PreVerifierConfig):
         super().__init__()
         self.c = c
-        self.norm = nn.LayerNorm(c.input_size)
+        self.norm = PartNorm(c.parts) if c.parts else nn.LayerNorm(c.input_size)
         self.proj = nn.Linear(c.input_size, c.width)
         self.position = nn.Embedding(c.max_positions, c.width)
         self.attn = nn.MultiheadAttention(c.width, c.heads, batch_first=True)
         self.mlp = nn.Sequential(nn.LayerNorm(c.width), nn.Linear(c.width, c.width), nn.GELU())
         self.head = nn.Linear(c.width, 1)
+        # [P, P] -inf above the diagonal: one draft's causal attention (``score_projected``)
+        causal = torch.full((c.max_positions, c.max_positions), float("-inf")).triu(1)
+        self.register_buffer("causal", causal, persistent=False)
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor,
                 step_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -66,16 +95,51 @@ class PreVerifier(nn.Module):
         return self.head(x).squeeze(-1)
 
     @torch.inference_mode()
-    def score(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [n, D] one draft so far -> acceptance probabilities [n]."""
+    def score_reference(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [n, D] one draft so far -> acceptance probabilities [n], through ``forward``
+        (the slow reference of ``score``)."""
         positions = torch.arange(hidden.shape[0], device=hidden.device)[None]
         return torch.sigmoid(self(hidden[None], positions))[0]
 
-    def save(self, out: str | Path) -> Path:
+    @torch.inference_mode()
+    def score(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [n, D] one draft so far -> acceptance probabilities [n]: ``forward`` for one
+        step, its attention written out with a mask made once (one draft's attention is plainly
+        causal) and its modules called as functions. It runs every round next to the target,
+        where ``forward``'s mask and module overheads cost several times its arithmetic."""
+        return self.score_projected(self.proj(self.norm(hidden.to(self.proj.weight.dtype))))
+
+    @torch.inference_mode()
+    def score_projected(self, x: torch.Tensor) -> torch.Tensor:
+        """``score`` from its input layer's output x [n, W] = proj(norm(hidden)) on (a caller
+        that computes it in parts: ``specdec.models.acceptance``)."""
+        n, c = x.shape[0], self.c
+        if n > c.max_positions:
+            raise ValueError(f"draft position {n - 1} >= max_positions {c.max_positions}")
+        if n == 0:
+            return x.new_zeros(0)
+        if c.use_position:
+            x = x + self.position.weight[:n]
+        a, (norm, linear, _), d = self.attn, self.mlp, c.width // c.heads
+        qkv = F.linear(x, a.in_proj_weight, a.in_proj_bias)  # [n, 3W]
+        q, k, v = qkv.view(n, 3, c.heads, d).permute(1, 2, 0, 3)  # [heads, n, W/heads] each
+        # softmax(q k^T / sqrt(d) + causal) v: -inf above the diagonal
+        weights = torch.softmax(torch.baddbmm(self.causal[:n, :n], q, k.transpose(1, 2),
+                                              alpha=d ** -0.5), -1)  # [heads, n, n]
+        mixed = torch.bmm(weights, v).transpose(0, 1).reshape(n, c.width)
+        x = x + F.linear(mixed, a.out_proj.weight, a.out_proj.bias)
+        x = x + F.gelu(F.linear(F.layer_norm(x, (c.width,), norm.weight, norm.bias, norm.eps),
+                                linear.weight, linear.bias))
+        return torch.sigmoid(F.linear(x, self.head.weight, self.head.bias)).squeeze(-1)
+
+    def save(self, out: str | Path, dtype: torch.dtype | None = None) -> Path:
+        """Config and weights under ``out``; ``dtype``: store the weights in it (bfloat16 halves
+        the files; ``load`` casts them back into the module's float32)."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_FILE).write_text(json.dumps(asdict(self.c), indent=2))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, out / WEIGHTS_FILE)
+        save_file({k: v.to(dtype or v.dtype).contiguous() for k, v in self.state_dict().items()},
+                  out / WEIGHTS_FILE)
         return out
 
     @classmethod

@@ -12,12 +12,17 @@ keeps, per drafted token x_i, from its own verify answers:
 - the target's greedy token y*_i = argmax z_i and the regret r_i = z_i(y*_i) - z_i(x_i) >= 0,
 - the label: 1 iff the verifier in use accepted x_i (i < accepted), else 0.
 
+With an acceptance model (``specdec.models.acceptance``) the recorded "hidden state" is instead
+its features: the target's root state (tapped, as the served target taps it, at the position
+whose logits gave the pending token), the target's embedding of x_i, and the drafter's own
+signals; an acceptance model is trained on the tokens whose predecessors were all accepted.
+
 What this is not: no Ray, no Parquet (``pipelines.simulate`` maps this over prompts).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -26,6 +31,7 @@ from specdec.algorithms.verify import Verifier, VerifyInputs
 from specdec.engine import rounds
 from specdec.engine.settings import GenerationParams
 from specdec.engine.workers import Draft, RoundResult
+from specdec.models.acceptance import AcceptanceModel, root_of
 from specdec.models.drafter import Drafter
 from specdec.models.target import TargetModel
 
@@ -61,12 +67,13 @@ class _Simulator:
     ``TargetWorker``'s (as this simulation always was)."""
 
     def __init__(self, target_model: TargetModel, draft_model: Drafter, verifier: Verifier,
-                 draft_len: int, pacer_block: int):
+                 draft_len: int, pacer_block: int, acceptance: AcceptanceModel | None = None):
         self.target_model, self.draft_model = target_model, draft_model
         self.verifier = verifier
         self.draft_len, self.pacer_block = draft_len, pacer_block
         self.greedy = Sampling(0.0, torch.Generator().manual_seed(0))
-        self.taps = draft_model.needs_target_features
+        self.acceptance = acceptance
+        self.taps = draft_model.needs_target_features or acceptance is not None
         self.records: list[TokenRecord] = []
         self.round_index = 0
 
@@ -81,7 +88,20 @@ class _Simulator:
                 return self.verify(self.block)
             case rounds.Commit(result):
                 self.draft_model.commit(self.dstate, result.tokens, result.features)
+                self.rooted(result.features)
         return None  # Emit
+
+    def rooted(self, taps: torch.Tensor | None) -> None:
+        """The next draft's root state, from the taps its drafter was handed."""
+        if self.acceptance is not None:
+            self.root = root_of(taps, self.acceptance.config.root_size)
+
+    def recorded(self, block):
+        """The block as its records hold it: the acceptance model's features as its hidden."""
+        if self.acceptance is None:
+            return block
+        features = self.acceptance.features(self.root, block.tokens, block.hidden)
+        return replace(block, hidden=features)
 
     def open(self, prompt_ids: list[int]) -> rounds.Opened:
         """Cache the prompt but its last token (pending); the drafter starts on the prompt."""
@@ -89,6 +109,7 @@ class _Simulator:
         features = self.target_model.forward(self.state, prompt_ids[:-1], taps=self.taps,
                                        last_logits_only=True).taps
         self.dstate = self.draft_model.start(list(prompt_ids), features)
+        self.rooted(features)
         self.vstate, self.pending = self.verifier.new_state(), prompt_ids[-1]
         return rounds.Opened(self.room(), draft_cap=self.draft_len)  # full-window drafts
 
@@ -101,8 +122,8 @@ class _Simulator:
         # the CPU, where the draft and the request's generator live, whatever the target's device.
         logits = out.logits.cpu()  # [K+1, V]
         verdict = self.verifier.verify(self.vstate, VerifyInputs(logits, block.tokens))
-        self.records += round_records(self.round_index, block, logits, verdict.accepted,
-                                      self.pacer_block)
+        self.records += round_records(self.round_index, self.recorded(block), logits,
+                                      verdict.accepted, self.pacer_block)
         self.target_model.crop(self.state, start + 1 + verdict.accepted)
         self.pending, self.round_index = verdict.tokens[-1], self.round_index + 1
         features = None if out.taps is None else out.taps[: verdict.accepted + 1]
@@ -116,12 +137,22 @@ class _Simulator:
 
 def simulate_request(target_model: TargetModel, draft_model: Drafter, verifier: Verifier,
                      prompt_ids: list[int], max_new_tokens: int, draft_len: int,
-                     pacer_block: int = 4) -> list[TokenRecord]:
-    """Greedy SD over one prompt; every round drafts ``draft_len`` tokens (fewer near the end)."""
+                     pacer_block: int = 4,
+                     acceptance: AcceptanceModel | None = None) -> list[TokenRecord]:
+    """Greedy SD over one prompt; every round drafts ``draft_len`` tokens (fewer near the end,
+    or where the drafter finds fewer). With ``acceptance`` (its weights unused) the records
+    hold its features (module docstring); the target must tap its root layer."""
     if len(prompt_ids) < 2:
         raise ValueError("simulation needs a prompt of at least 2 tokens")
-    sim = _Simulator(target_model, draft_model, verifier, draft_len, pacer_block)
+    if acceptance is not None:
+        acceptance.check(target_model, draft_model)
+    sim = _Simulator(target_model, draft_model, verifier, draft_len, pacer_block, acceptance)
     program = rounds.RoundProgram(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens))
-    for _ in rounds.drive(program.steps(target_model.eos_token_ids), sim.answer):
-        pass
+    try:
+        for _ in rounds.drive(program.steps(target_model.eos_token_ids), sim.answer):
+            pass
+    finally:
+        finish = getattr(draft_model, "finish", None)  # the suffix drafter's local tree goes
+        if finish is not None and hasattr(sim, "dstate"):
+            finish(sim.dstate)
     return sim.records

@@ -251,3 +251,25 @@ def test_a_target_fitting_drafts_to_its_goodput_cuts_them_and_keeps_every_token(
         assert all(n == m for (rid, n), (_, m) in pairs if rid == "r1"), \
             "the budgeted ASD request's draft was cut"
     assert target.active() == []
+
+
+def test_the_acceptance_model_on_a_target_that_drafts_keeps_each_request_greedy(tiny_llama, pair):
+    """The suffix drafter on the target's thread with an (untrained) acceptance model: PACER cuts
+    by it and the goodput prices rows by it; batched requests still get plain greedy tokens."""
+    local = {"drafter": "suffix", "acceptance": "untrained"}
+    target = TargetActor(tiny_llama["target"], "suffix", "float64", kv_slots=8,
+                         batching={**WAIT, "fit_drafts": True}, local_drafter=local)
+    drafter = target.scheduler.drafter
+    assert drafter.acceptance is not None and drafter.survival and target.worker.features
+    plain = load_pair(tiny_llama["target"], "none", dtype="float64")
+    tok, engine = pair.target.tokenizer, Engine(plain.target)
+    specs = [SpecSettings(policy="pacer", block_size=2, threshold=0.3, max_draft=8),
+             SpecSettings(gamma=6, verify="asd", asd_budget=0.0)]
+    jobs = {f"r{i}": (tok(text)["input_ids"],
+                      GenerationParams(max_new_tokens=16 + 2 * i, spec=specs[i % 2]))
+            for i, text in enumerate(TEXTS)}
+    out, steps = concurrently(target, jobs, stagger_s=0.01)
+    for rid, (ids, params) in jobs.items():
+        assert out[rid] == engine.generate(ids, params).token_ids, rid
+    assert max(s.batch for ss in steps.values() for s in ss) > 1, "nothing was batched"
+    assert target.active() == []

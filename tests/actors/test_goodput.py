@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from actors.goodput import Goodput, StepCost, fit_drafts
+from actors.scheduler import head
 from specdec.engine.loading import load_target
+from specdec.engine.workers import Draft
 
 LINEAR = StepCost((1, 64), (0.010, 0.010 + 63 * 0.001))  # 10 ms a step, 1 ms a token more
 PIECES = StepCost((1, 32, 33, 512), (0.020, 0.020, 0.035, 0.035))  # flat, then a second piece
@@ -66,6 +68,22 @@ def test_the_goodput_prices_by_calibrated_confidence_and_by_depth():
         g.step(1, 0.05)
     assert g.calibration == pytest.approx(1.0, abs=0.01)
     assert g.values(2, None) == pytest.approx([0.5, 0.25], abs=0.01)
+
+
+def test_survival_by_the_acceptance_model_prices_a_draft_as_it_is():
+    """Where a draft comes with the acceptance model's survival it is priced by it, not by the
+    drafter's confidence (calibrated) nor by depth, and it teaches the calibration nothing."""
+    g = Goodput(LINEAR)
+    for _ in range(60):
+        g.round((1.0, 0.8, 0.6), 3, 1)
+        g.step(2, 0.05)
+    calibration = g.calibration
+    assert g.values(3, (0.9, 0.9, 0.9), (0.8, 0.6, 0.7)) == [0.8, 0.6, 0.6]
+    assert g.values(2, None, (0.5, 0.25)) == [0.5, 0.25]
+    g.round((0.9, 0.9), 2, 0, survival=(0.5, 0.25))
+    assert g.calibration == calibration
+    cut = head(Draft([5, 6, 7], None, confidence=(0.9, 0.8, 0.7), survival=(0.6, 0.3, 0.1)), 2)
+    assert (cut.tokens, cut.confidence, cut.survival) == ([5, 6], (0.9, 0.8), (0.6, 0.3))
 
 
 def test_the_rate_leaves_out_what_the_steps_prompt_chunks_cost():

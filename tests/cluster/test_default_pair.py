@@ -108,3 +108,33 @@ def test_serve_args_serve_the_suffix_index_from_the_registry(exported, uri, tmp_
     assert SuffixIndex.load(local).sequences == ((1, 2, 3),)
     block = serve_args({**ARGS, "mlflow_tracking_uri": uri}, artifacts, "block")
     assert block["drafter"] == "models:/sfx-pair-block-drafter@champion" and "suffix" not in block
+
+
+def test_serve_args_serve_the_suffix_acceptance_model_unless_turned_off(exported, uri, tmp_path):
+    """A pair that holds the suffix drafter's acceptance model serves it (PACER's rule on it),
+    registered as <pair>-acceptance-suffix; ``acceptance=False`` serves the suffix drafter as
+    without it, and neither the block drafter nor the hybrid takes it."""
+    from cluster.schema import ServeArgs
+    from specdec.models.acceptance import AcceptanceConfig, AcceptanceModel
+    from specdec.models.preverifier import PreVerifier
+    from specdec.models.suffix_index import SuffixIndex
+
+    artifacts = shutil.copytree(exported, tmp_path / "acc-pair")
+    SuffixIndex(((1, 2, 3),), "tiny", 300).save(artifacts / "suffix-index")
+    config = AcceptanceConfig("suffix", 64, 4, width=16, heads=2, max_positions=8)
+    AcceptanceModel(config, PreVerifier(config.net_config()), torch.zeros(300, 64)).save(
+        artifacts / "acceptance-suffix", torch.bfloat16)
+    args = serve_args({**ARGS, "mlflow_tracking_uri": uri}, artifacts, "suffix")
+    assert args["acceptance"] == "models:/acc-pair-acceptance-suffix@champion"
+    assert args["speculative"]["policy"] == "pacer"
+    assert ServeArgs.model_validate(args).acceptance == args["acceptance"]
+    local = mlflow.artifacts.download_artifacts(args["acceptance"], tracking_uri=uri,
+                                                dst_path=str(tmp_path / "dl"))
+    assert AcceptanceModel.load(local, torch.zeros(300, 64)).config == config
+    off = serve_args({**ARGS, "mlflow_tracking_uri": uri}, artifacts, "suffix", acceptance=False)
+    assert "acceptance" not in off and off["speculative"]["policy"] == "fixed"
+    for drafter in ("hybrid", "block"):
+        assert "acceptance" not in serve_args({**ARGS, "mlflow_tracking_uri": uri}, artifacts,
+                                              drafter)
+    with pytest.raises(ValueError, match="acceptance needs a drafter run on the target"):
+        ServeArgs.model_validate({**args, "drafter_placement": "actor"})

@@ -1,6 +1,7 @@
 """Serving the suffix and hybrid drafters over HTTP: lossless (strict, and ASD with B = 0)
-against the engine, the suffix index from the MLflow registry, per-request suffix settings, and
-a clear start-up error for a missing or malformed index."""
+against the engine, the suffix index from the MLflow registry, the suffix drafter's acceptance
+model (on, and off per request), per-request suffix settings, and a clear start-up error for a
+missing or malformed index."""
 
 from __future__ import annotations
 
@@ -44,14 +45,21 @@ def complete(url: str, **speculative) -> dict:
 
 
 def test_suffix_with_registered_index_is_lossless(served, tiny_root, index_store, greedy):
+    """With an (untrained) acceptance model on the target too: PACER on it, the goodput's
+    prices by it, and a request that turns it off all give plain greedy tokens."""
     args = tiny_args(tiny_root, drafter="suffix", mlflow_tracking_uri=index_store,
-                     suffix={"index": "models:/tiny-suffix-index@champion"})
+                     suffix={"index": "models:/tiny-suffix-index@champion"},
+                     acceptance="untrained")
     with extra_app(served, "suffix", args) as url:
         strict = complete(url, policy="fixed", gamma=16)
         asd = complete(url, gamma=16, verify="asd", asd_budget=0.0, suffix_min_prob=0.2)
+        pacer = complete(url, policy="pacer", block_size=2, threshold=0.2, max_draft=16)
+        off = complete(url, policy="fixed", gamma=16, acceptance=False)
         bad = complete(url, suffix_min_prob=2.0)
-    for out in (strict, asd):
+        no_model = complete(url, policy="pacer", acceptance=False)
+    for out in (strict, asd, pacer, off):
         assert out["choices"][0]["token_ids"] == greedy
+    assert no_model["error"]["param"] == "speculative.policy"
     stats = strict["spec_decode"]
     assert stats["draft_sources"]["suffix"] >= 1
     assert stats["mean_accepted_length"] > 3  # the index holds this very output

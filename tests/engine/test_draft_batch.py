@@ -174,3 +174,59 @@ def test_a_bad_commit_in_a_batch_changes_no_request(tiny_llama):
     with pytest.raises(ValueError, match="target features"):
         worker.commit_batch(commits)
     assert {rid: req.state.committed for rid, req in worker.requests.items()} == before
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_acceptance_model_scores_follow_the_root_batched_or_alone(tiny_llama, drafter):
+    """With the acceptance model on, PACER's drafts and their survival are the same batched or
+    one by one; each request's root is the last row of the taps its commit got; a request that
+    turns it off (``acceptance=False``) gets neither survival nor a root."""
+    pairs = [load_pair(tiny_llama["target"], drafter, dtype="float64", acceptance_ref="untrained")
+             for _ in range(2)]
+    workers = [DraftWorker(p.drafter, acceptance=p.acceptance) for p in pairs]
+    h = pairs[0].target.hidden_size
+    spec = SpecSettings(policy="pacer", block_size=2, threshold=0.3, max_draft=7)
+    for worker in workers:
+        gen = torch.Generator().manual_seed(0)
+        for rid, prompt in PROMPTS.items():
+            features = torch.randn(len(prompt) - 1, h, generator=gen, dtype=torch.float64)
+            worker.open({rid: OpenRequest(prompt, GenerationParams(spec=spec))}, {rid: features})
+        off = GenerationParams(spec=SpecSettings(gamma=3, acceptance=False))
+        worker.open({"off": OpenRequest(PROMPTS["c"], off)}, {"off": None})
+    limits = [{**limit, "off": 3} for limit in LIMITS]
+    gens = [torch.Generator().manual_seed(1) for _ in workers]
+    for limit in limits:
+        batched = workers[0].draft_batch(limit)
+        alone = {rid: workers[1].draft(rid, n) for rid, n in limit.items()}
+        for rid, d in batched.items():
+            assert (d.tokens, d.survival) == (alone[rid].tokens, alone[rid].survival), rid
+            if rid == "off" or not d.tokens:
+                assert d.survival is None, rid
+                continue
+            assert len(d.survival) == len(d.tokens) and 0 < d.survival[-1] <= d.survival[0] < 1
+        for worker, gen, drafts in zip(workers, gens, (batched, alone), strict=True):
+            commits = {}
+            for rid, d in drafts.items():
+                tokens = d.tokens[:1] + [4]
+                feats = torch.randn(len(tokens), h, generator=gen, dtype=torch.float64)
+                commits[rid] = (RoundResult(tokens, len(tokens) - 1, 0.0, 0, feats), len(d.tokens))
+            worker.commit_batch(commits)
+            for rid, (result, _) in commits.items():
+                root = worker.requests[rid].root
+                want = None if rid == "off" else worker.acceptance.root(result.features[-1:])
+                assert root is want is None or root.equal(want), rid
+
+
+def test_a_fixed_window_draft_carries_survival_only_where_it_is_read(tiny_llama):
+    """PACER's scores give a draft its survival for free; a fixed window's costs a scoring,
+    made only for a caller that reads it (a scheduler that prices drafts)."""
+    pair = load_pair(tiny_llama["target"], "ngram", dtype="float64", acceptance_ref="untrained")
+    worker = DraftWorker(pair.drafter, acceptance=pair.acceptance)
+    params = GenerationParams(spec=SpecSettings(gamma=4))
+    for rid in ("a", "b"):
+        worker.open({rid: OpenRequest(PROMPTS["c"], params)}, {rid: None})
+    unread = worker.draft("a", 4)
+    assert unread.tokens and unread.survival is None and unread.preverifier_s == 0
+    worker.survival = True
+    read = worker.draft("b", 4)
+    assert read.tokens == unread.tokens and len(read.survival) == len(read.tokens)

@@ -58,3 +58,31 @@ def test_hybrid_needs_its_parts(tiny_llama):
     with pytest.raises(ValueError, match="needs a pre-verifier"):
         load_pair(tiny_llama["target"], "hybrid", None, dtype="float64",
                   block_drafter=tiny_llama["block-drafter"])
+
+
+ACCEPTANCE = [SpecSettings(policy="pacer", block_size=2, threshold=0.4, max_draft=8),
+              SpecSettings(policy="pacer", block_size=3, threshold=0.0, growth=1.0, max_draft=8,
+                           verify="asd", asd_budget=0.0, asd_gate=0.5),
+              SpecSettings(gamma=5)]
+
+
+@pytest.mark.parametrize("drafter", ["suffix", "ngram", "block-drafter"])
+def test_the_acceptance_model_on_keeps_greedy(tiny, expected, drafter):
+    """An (untrained) acceptance model cuts the drafts by PACER's rule and prices them: the
+    target taps its last layer for the root state (a block drafter's own taps: their deepest),
+    and the tokens stay plain greedy's."""
+    pair = load_pair(tiny["target"], tiny.get(drafter, drafter), dtype="float64",
+                     acceptance_ref="untrained")
+    own = getattr(pair.drafter, "config", None)
+    assert pair.target.tap_layers == (own.tap_layers if drafter == "block-drafter"
+                                      else (pair.target.num_layers - 1,))
+    engine = Engine(pair.target, pair.drafter, acceptance=pair.acceptance)
+    tok, timed = pair.target.tokenizer, 0.0
+    for prompt in PROMPTS[:2]:
+        for spec in ACCEPTANCE:
+            out = engine.generate(tok(prompt)["input_ids"], GenerationParams(N, spec=spec))
+            assert out.token_ids == expected[prompt], (drafter, spec, prompt)
+            timed += out.stats.preverifier_s
+    assert timed > 0  # the model scored drafts
+    plain = load_pair(tiny["target"], tiny.get(drafter, drafter), dtype="float64")
+    assert plain.acceptance is None and (drafter == "block-drafter" or not plain.target.tap_layers)

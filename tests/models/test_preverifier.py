@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec.models.preverifier import PreVerifier, PreVerifierConfig
@@ -41,3 +42,13 @@ def test_position_embedding_matters_and_can_be_ablated():
 def test_save_load_roundtrip(tmp_path):
     pv, h = make(), torch.randn(4, 8)
     torch.testing.assert_close(PreVerifier.load(pv.save(tmp_path / "pv")).score(h), pv.score(h))
+
+
+@pytest.mark.parametrize("kw", [{}, {"use_position": False}, {"parts": (3, 5)}])
+def test_score_equals_the_forward_reference(kw):
+    pv = make(**kw).double()
+    h = torch.randn(7, 8, dtype=torch.float64)
+    torch.testing.assert_close(pv.score(h), pv.score_reference(h), rtol=1e-12, atol=1e-12)
+    assert pv.score(h[:0]).shape == (0,)
+    with pytest.raises(ValueError, match="max_positions"):
+        pv.score(torch.randn(65, 8, dtype=torch.float64))

@@ -44,3 +44,18 @@ def test_a_bad_device_is_named(config, required):
     with pytest.raises(ValidationError, match="device\n.*a device is cpu, cuda, cuda:N or auto"):
         config(device="gpu", **required)
     assert config(device="cuda:1", **required).device == "cuda:1"
+
+
+def test_a_suffix_index_without_the_suffix_drafter_and_acceptance_rows_without_signals(tmp_path):
+    with pytest.raises(ValidationError, match="suffix_index is only read with drafter suffix"):
+        SimulateConfig(drafter="ngram", prompts="p", suffix_index="i")
+    assert SimulateConfig(drafter="ngram", prompts="p").records_acceptance
+    assert not SimulateConfig(drafter="d", prompts="p").records_acceptance
+    row = {"request": "r", "step": 0, "position": 0, "block": 0, "token": 1, "greedy": 1,
+           "regret": 0.0, "accepted": 1, "hidden": [0.0] * 8}
+    from pipelines.common.formats import ACCEPTANCE_META, STEPS_SCHEMA
+
+    path = write_table(pa.Table.from_pylist([row], schema=STEPS_SCHEMA), tmp_path / "s.parquet",
+                       {ACCEPTANCE_META: '{"drafter": "ngram", "root_size": 4}'})
+    with pytest.raises(ValueError, match="s.parquet rows of 8 features hold no drafter signals"):
+        train_preverifier.acceptance_of(str(path))

@@ -1,6 +1,8 @@
 """The whole chain on the tiny pair, through Ray: corpus -> responses -> train_drafter ->
 simulate -> train_preverifier -> evaluate; then the registered champion drafter is loaded from the MLflow
-registry into the engine and must reproduce the target's greedy output exactly."""
+registry into the engine and must reproduce the target's greedy output exactly. The suffix
+drafter's chain too: responses -> suffix_index -> simulate (acceptance features) ->
+train_preverifier (an acceptance model) -> the registry -> the engine, lossless."""
 
 from __future__ import annotations
 
@@ -56,6 +58,17 @@ def chain(ray_session, store, tiny_llama):
         run_dir=str(root / "preverifier"), steps=10, pack_len=10, heldout_percent=30,
         model={"width": 16, "heads": 2, "max_positions": 8},
         scaling={"num_workers": 0, "torch_threads": 1}, mlflow={"champion": True}))
+    out["suffix_steps"] = simulate.run(config(
+        simulate.SimulateConfig, store, target=target, dtype="float64", drafter="suffix",
+        suffix_index="models:/target-suffix-index@champion", prompts=str(out["corpus"]["train"]),
+        limit=3, max_new_tokens=16, draft_len=6, actors=ACTORS,
+        out=str(root / "sim-suffix" / "steps.parquet")))
+    out["acceptance"] = train_preverifier.run(config(
+        train_preverifier.TrainPreVerifierConfig, store, target=target,
+        data=str(out["suffix_steps"]), run_dir=str(root / "acceptance"), steps=10, pack_len=8,
+        heldout_percent=30, model={"width": 16, "heads": 2, "max_positions": 8},
+        save_dtype="bfloat16", scaling={"num_workers": 0, "torch_threads": 1},
+        mlflow={"champion": True}))
     out["evaluate"] = evaluate.run(config(
         evaluate.EvaluateConfig, store, target=target, dtype="float64",
         drafter="models:/target-block-drafter@champion",
@@ -144,6 +157,33 @@ def test_suffix_index_through_the_registry_is_the_responses_and_lossless(chain, 
     assert out.stats.accepted > 0  # its own training response is in the index
 
 
+def test_the_suffix_drafters_acceptance_model_is_trained_registered_and_lossless(chain, store):
+    """Rows of the suffix drafter's rounds hold [root H, embedding H, its 4 signals]; the model
+    trained on them registers as target-acceptance-suffix, loads from the registry beside the
+    running target and keeps strict greedy SD plain greedy."""
+    from specdec.models.acceptance import AcceptanceModel
+    from specdec.models.suffix import SuffixConfig
+
+    steps = pq.read_table(chain["suffix_steps"])
+    h = load_pair(chain["target"], "none", dtype="float64").target.hidden_size
+    widths = {len(x) for x in steps.column("hidden").to_pylist()}
+    assert steps.num_rows > 0 and widths == {2 * h + 4}
+    out = chain["acceptance"]
+    assert out["model_uri"].startswith("models:/target-acceptance-suffix/")
+    assert {"heldout_loss", "heldout_auc", "heldout_ece"} <= set(out["metrics"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", store["tracking_uri"])
+        ref = resolve_model_ref("models:/target-acceptance-suffix@champion")
+        pair = load_pair(chain["target"], "suffix", dtype="float64", acceptance_ref=ref,
+                         suffix=SuffixConfig(index="models:/target-suffix-index@champion"))
+    assert AcceptanceModel.is_checkpoint(ref) and pair.acceptance.config.drafter == "suffix"
+    prompt = pq.read_table(chain["responses"]["path"]).to_pylist()[0]["prompt_ids"]
+    want = Engine(pair.target).generate(prompt, GenerationParams(16)).token_ids
+    engine = Engine(pair.target, pair.drafter, acceptance=pair.acceptance)
+    out = engine.generate(prompt, GenerationParams(16, spec=dict_spec()))
+    assert out.token_ids == want and out.stats.preverifier_s > 0
+
+
 def test_the_jobs_log_their_targets_plan(chain, store):
     """Every job that runs the target logs its resolved plan as MLflow params (``plan.*``)."""
     import mlflow
@@ -159,3 +199,21 @@ def test_the_jobs_log_their_targets_plan(chain, store):
     for params in planned.values():
         assert params["plan.device"] == "cpu" and int(params["plan.memory.kv_pool"]) > 0
         assert params["plan.max_model_len"].isdigit() and params["plan.numerics"]
+
+
+def test_acceptance_steps_end_at_their_first_rejection():
+    """An acceptance model's label is 'accepted given its predecessors were': a step keeps its
+    accepted tokens and its first rejection, never the tokens after it."""
+    import pyarrow as pa
+
+    from pipelines.common.formats import STEPS_SCHEMA
+
+    labels = {0: [1, 1, 0, 0, 1], 1: [0, 1], 2: [1, 1]}
+    rows = [{"request": "r", "step": s, "position": i, "block": 0, "token": 1, "greedy": 1,
+             "regret": 0.0, "accepted": a, "hidden": [float(10 * s + i)]}
+            for s, step in labels.items() for i, a in enumerate(step)]
+    table = pa.Table.from_pylist(rows, schema=STEPS_SCHEMA)
+    steps = train_preverifier.steps_of(table, reached=True)
+    assert [s.labels.tolist() for s in steps] == [[1, 1, 0], [0], [1, 1]]
+    assert steps[0].hidden[:, 0].tolist() == [0, 1, 2]
+    assert [len(s.labels) for s in train_preverifier.steps_of(table)] == [5, 2, 2]

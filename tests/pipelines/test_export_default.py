@@ -63,6 +63,24 @@ def test_provenance_holds_the_checkpoints_facts_and_the_callers(exported, tiny_p
     assert "commit" in prov["git"]
 
 
+def test_the_acceptance_model_is_exported_in_bfloat16_with_its_config(tiny_pair_sources,
+                                                                     tmp_path):
+    from specdec.models.acceptance import AcceptanceConfig, AcceptanceModel
+
+    config = AcceptanceConfig("suffix", 64, 4, width=16, heads=2, max_positions=8)
+    model = AcceptanceModel(config, PreVerifier(config.net_config()), torch.zeros(320, 64))
+    out = export_sources(tiny_pair_sources, tmp_path / "pair",
+                         acceptance=str(model.save(tmp_path / "acceptance")))
+    assert set(stored_dtypes(out / "acceptance-suffix" / "model.safetensors").values()) \
+        == {torch.bfloat16}
+    assert AcceptanceModel.load(out / "acceptance-suffix", torch.zeros(320, 64)).config == config
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["acceptance"]["config"]["drafter"] == "suffix"
+    assert "acceptance-suffix/acceptance.json" in prov["files"]
+    with pytest.raises(FileNotFoundError, match="not an acceptance checkpoint"):
+        export_sources(tiny_pair_sources, tmp_path / "bad", acceptance=str(tmp_path / "pair"))
+
+
 def assert_rounded(loaded: dict, source: dict) -> None:
     """Every float tensor is the source rounded to bfloat16, now in float32; ints unchanged."""
     assert loaded.keys() == source.keys()

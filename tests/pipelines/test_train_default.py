@@ -21,7 +21,8 @@ def test_plan_runs_from_the_given_stage_only_after_recorded_stages():
     assert td.plan("corpus", {"stages": {}}) == list(td.STAGES)
     done = {"stages": {"corpus": {}, "responses": {}, "train_drafter": {}}}
     assert td.plan("simulate", done) == ["simulate", "train_preverifier", "evaluate",
-                                         "suffix_index"]
+                                         "suffix_index", "simulate.suffix",
+                                         "train_preverifier.acceptance"]
     assert td.plan("export", FULL) == []
     with pytest.raises(ValueError, match="start from responses"):
         td.plan("simulate", {"stages": {"corpus": {}}})
@@ -48,7 +49,8 @@ def fake_job(uri: str, code: int = 0, model: str | None = None, seconds: float =
 def test_stage_records_and_champion(store, tmp_path, monkeypatch):
     uri = store["tracking_uri"]
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
-    for job, extra in [("corpus", ""), ("train_preverifier", "data: x\n")]:
+    for job, extra in [("corpus", ""), ("train_preverifier", "data: x\n"),
+                       ("train_preverifier.acceptance", "data: y\n")]:
         (tmp_path / f"{job}.yaml").write_text(f"{extra}mlflow: {{tracking_uri: '{uri}', "
                                               "experiment: t}\n")
     state = td.load_state()
@@ -70,6 +72,16 @@ def test_stage_records_and_champion(store, tmp_path, monkeypatch):
     td.point_champions(state, uri)
     champion = mlflow.MlflowClient(uri).get_model_version_by_alias("fake-preverifier", "champion")
     assert int(champion.version) == 1
+
+    # a stage JOB.VARIANT runs pipelines.JOB on its own config, recorded under its own name
+    monkeypatch.setattr(td.subprocess, "run", fake_job(uri, model="fake-acceptance"))
+    td.run_stage("train_preverifier.acceptance", tmp_path / "train_preverifier.acceptance.yaml",
+                 state)
+    record = state["stages"]["train_preverifier.acceptance"]
+    assert record["command"].endswith("-m pipelines.train_preverifier --config "
+                                      f"{tmp_path / 'train_preverifier.acceptance.yaml'}")
+    assert record["model_version"] == "models:/fake-acceptance/1"
+    assert state["stages"]["train_preverifier"]["model_version"] == "models:/fake-preverifier/1"
 
     settings = td.mlflow_settings(tmp_path / "train_preverifier.yaml")
     run_id = state["stages"]["train_preverifier"]["mlflow_run"]
