@@ -20,8 +20,9 @@ and then at the other (a *try*), to see whether the load changed:
   (a CPU quota, not a neighbour, may be what holds the threads back): each that loses doubles
   the passes before the next (``room_wait``), one that wins starts them over.
 
-A try that wins (faster than the other count's mean) replaces its count's mean, so the next pass
-runs at that count; one that loses weighs ``TRY_WEIGHT`` in it (a pass beside a busy process
+A try that wins (its count would now be chosen, by the same ``SWITCH``) replaces its count's
+mean, so the next pass runs at that count (a mean left high by a busier spell must not keep a
+count away); one that loses weighs ``TRY_WEIGHT`` in it (a pass beside a busy process
 takes anything from one pass's time to many, and one lucky try must not bring the next soon).
 
 It changes how fast a pass runs, never what it computes, only where the plan's passes give the
@@ -127,7 +128,10 @@ class ThreadGovernor:
         size = tokens.bit_length()
         mean = self.mean.get((size, threads))
         other = self.mean.get((size, 1 if threads == self.most else self.most))
-        won = tried and (other is None or seconds <= other)
+        # a try wins where its count would now be chosen: every thread within SWITCH times one
+        # thread's time, one thread faster than every thread's by more than SWITCH
+        won = tried and (other is None or (seconds <= SWITCH * other if threads == self.most
+                                           else SWITCH * seconds < other))
         if tried and threads == self.most and other is not None:
             if won:  # idle CPUs may prompt a try at once again
                 self.room_wait = 1
