@@ -403,9 +403,9 @@ def pick_threads_by_load(asked: str, device: torch.device, threads: int, invaria
     if asked == "on" and why:
         raise PlanError(f"threads_by_load: on, but {why} (threads_by_load: auto or off)")
     if asked == "auto":
-        reasons.append(f"threads_by_load auto: {'off, ' + why if why else 'on, '}"
-                       + ("" if why else "each pass on 1 thread or "
-                          f"{threads}, the faster now (a pass's bits do not depend on it)"))
+        reasons.append(f"threads_by_load auto: off, {why}" if why else
+                       f"threads_by_load auto: on, each pass on 1 thread or {threads}, the "
+                       f"faster now (a pass's bits do not depend on it)")
     return asked != "off" and why is None
 
 
