@@ -1,7 +1,7 @@
 """Continuous batching over HTTP: concurrent requests (streamed and not, mixed prompt lengths,
 some joining mid-flight) share target steps and each gets the engine's tokens alone; the steps
-show in ``/debug/metrics`` and ``/metrics``; several replicas serve the same tokens and keep no
-state."""
+show in ``/debug/metrics`` and ``/metrics``. Several replicas, each serving the engine's tokens
+and keeping no state: tests/cluster/test_multinode.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import time
 
 import requests
 
-from cluster.server import REPLICA_HEADER as REPLICA
 from tests.cluster.extra_apps import extra_app, tiny_args
 from tests.cluster.test_api import engine_tokens
 
@@ -62,31 +61,6 @@ def test_batched_requests_equal_the_engine_alone(served, client, engine):
                  "specdec:kv_slots_used",
                  "specdec:kv_cache_usage_perc"):
         assert name in text, name
-
-
-def test_two_replicas_serve_the_same_tokens_and_keep_no_state(served, tiny_root, client, engine):
-    from openai import OpenAI
-
-    with extra_app(served, "replicas", tiny_args(tiny_root, num_replicas=2)) as url:
-        seen = {}  # replica process id -> its actors' request ids, once idle
-        for _ in range(40):
-            seen.setdefault(requests.get(f"{url}/debug/active", timeout=30).headers[REPLICA], None)
-            if len(seen) == 2:
-                break
-        assert len(seen) == 2, "one replica answered every probe"
-        replicas = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-        out = run_concurrently(replicas, PROMPTS, stagger_s=0.0)
-        tok = engine.target_worker.target_model.tokenizer
-        for i, prompt in enumerate(PROMPTS):
-            assert out[i] == engine_tokens(engine, tok(prompt)["input_ids"], 40, **SPEC), prompt
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            r = requests.get(f"{url}/debug/active", timeout=30)
-            seen[r.headers[REPLICA]] = r.json()
-            if len(seen) == 2 and all(s == {"target": [], "drafter": []} for s in seen.values()):
-                break
-            time.sleep(0.05)
-        assert all(s == {"target": [], "drafter": []} for s in seen.values()), seen
 
 
 def test_a_target_that_drafts_serves_the_engine_tokens_and_keeps_no_state(served, tiny_root):

@@ -171,7 +171,8 @@ def engine_tokens(tiny_dirs, prompts: list[str], n: int) -> dict[str, list[int]]
 
 
 def test_both_replicas_answer_as_the_engine_does(served, nodes, tiny_dirs):
-    """Greedy completions sent at once reach both nodes' targets, and each equals the engine's."""
+    """Greedy completions sent at once reach both nodes' targets, each equals the engine's, and
+    once they are done neither replica's actors hold a request."""
     reference = engine_tokens(tiny_dirs, PROMPTS, 24)
     before = actor_tasks_per_node()
 
@@ -193,6 +194,23 @@ def test_both_replicas_answer_as_the_engine_does(served, nodes, tiny_dirs):
             break
         time.sleep(1)
     assert grew == set(nodes.values()), (before, after)
+    assert_replicas_idle(served)
+
+
+def assert_replicas_idle(url: str) -> None:
+    """Both replicas (told apart by their header on ``/debug/active``) report no request on
+    their target and drafter actors within a minute."""
+    from cluster.server import REPLICA_HEADER
+
+    idle = {"target": [], "drafter": []}
+    seen, deadline = {}, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        reply = requests.get(f"{url}/debug/active", timeout=30)
+        seen[reply.headers[REPLICA_HEADER]] = reply.json()
+        if len(seen) == 2 and all(s == idle for s in seen.values()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"replicas not both idle: {seen}")
 
 
 def simulate_config(tiny_dirs, size: int) -> dict:
