@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pipelines.corpus import CorpusConfig
 from pipelines.evaluate import EvaluateConfig
+from pipelines.evaluate_acceptance import EvaluateAcceptanceConfig
 from pipelines.responses import ResponsesConfig
 from pipelines.simulate import SimulateConfig
 from pipelines.suffix_index import SuffixIndexConfig
@@ -20,6 +21,7 @@ SCHEMAS = {
     "simulate": SimulateConfig,
     "train_preverifier": TrainPreVerifierConfig,
     "evaluate": EvaluateConfig,
+    "evaluate_acceptance": EvaluateAcceptanceConfig,
 }
 
 

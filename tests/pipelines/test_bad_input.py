@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipelines import train_preverifier
+from pipelines.common import steps
 from pipelines.common.formats import load_prompts
 from pipelines.common.tables import read_table, write_table
 from pipelines.evaluate import EvaluateConfig
@@ -58,4 +59,4 @@ def test_a_suffix_index_without_the_suffix_drafter_and_acceptance_rows_without_s
     path = write_table(pa.Table.from_pylist([row], schema=STEPS_SCHEMA), tmp_path / "s.parquet",
                        {ACCEPTANCE_META: '{"drafter": "ngram", "root_size": 4}'})
     with pytest.raises(ValueError, match="s.parquet rows of 8 features hold no drafter signals"):
-        train_preverifier.acceptance_of(str(path))
+        steps.acceptance_of(str(path), "train_preverifier.data")

@@ -1,10 +1,13 @@
 """The whole chain on the tiny pair, through Ray: corpus -> responses -> train_drafter ->
-simulate -> train_preverifier -> evaluate; then the registered champion drafter is loaded from the MLflow
-registry into the engine and must reproduce the target's greedy output exactly. The suffix
+simulate -> train_preverifier -> evaluate; then the registered champion drafter is loaded from
+the MLflow registry into the engine and must reproduce the target's greedy output exactly. The suffix
 drafter's chain too: responses -> suffix_index -> simulate (acceptance features) ->
-train_preverifier (an acceptance model) -> the registry -> the engine, lossless."""
+train_preverifier (an acceptance model) -> evaluate_acceptance, and the registry -> the engine,
+lossless."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,12 +16,14 @@ import torch
 from pipelines import (
     corpus,
     evaluate,
+    evaluate_acceptance,
     responses,
     simulate,
     suffix_index,
     train_drafter,
     train_preverifier,
 )
+from pipelines.common.steps import steps_of
 from specdec.engine.engine import Engine
 from specdec.engine.loading import load_pair
 from specdec.engine.settings import GenerationParams
@@ -66,9 +71,14 @@ def chain(ray_session, store, tiny_llama):
     out["acceptance"] = train_preverifier.run(config(
         train_preverifier.TrainPreVerifierConfig, store, target=target,
         data=str(out["suffix_steps"]), run_dir=str(root / "acceptance"), steps=10, pack_len=8,
-        heldout_percent=30, model={"width": 16, "heads": 2, "max_positions": 8},
+        heldout_percent=30, checkpoint_every=5, select="best",
+        model={"width": 16, "heads": 2, "max_positions": 8},
         save_dtype="bfloat16", scaling={"num_workers": 0, "torch_threads": 1},
         mlflow={"champion": True}))
+    out["acceptance_eval"] = evaluate_acceptance.run(config(
+        evaluate_acceptance.EvaluateAcceptanceConfig, store, data=str(out["suffix_steps"]),
+        model="models:/target-acceptance-suffix@champion", prompts=str(out["corpus"]["train"]),
+        max_position=4, out_dir=str(root / "acceptance-eval")))
     out["evaluate"] = evaluate.run(config(
         evaluate.EvaluateConfig, store, target=target, dtype="float64",
         drafter="models:/target-block-drafter@champion",
@@ -161,6 +171,8 @@ def test_the_suffix_drafters_acceptance_model_is_trained_registered_and_lossless
     """Rows of the suffix drafter's rounds hold [root H, embedding H, its 4 signals]; the model
     trained on them registers as target-acceptance-suffix, loads from the registry beside the
     running target and keeps strict greedy SD plain greedy."""
+    import mlflow
+
     from specdec.models.acceptance import AcceptanceModel
     from specdec.models.suffix import SuffixConfig
 
@@ -171,6 +183,10 @@ def test_the_suffix_drafters_acceptance_model_is_trained_registered_and_lossless
     out = chain["acceptance"]
     assert out["model_uri"].startswith("models:/target-acceptance-suffix/")
     assert {"heldout_loss", "heldout_auc", "heldout_ece"} <= set(out["metrics"])
+    client = mlflow.MlflowClient(store["tracking_uri"])  # select best: the checkpoint at 5, or 10
+    history = client.get_metric_history(out["run_id"], "checkpoint_heldout_loss")
+    assert sorted(m.step for m in history) == [5, 10]
+    assert client.get_run(out["run_id"]).data.metrics["selected_step"] in (5, 10)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", store["tracking_uri"])
         ref = resolve_model_ref("models:/target-acceptance-suffix@champion")
@@ -182,6 +198,16 @@ def test_the_suffix_drafters_acceptance_model_is_trained_registered_and_lossless
     engine = Engine(pair.target, pair.drafter, acceptance=pair.acceptance)
     out = engine.generate(prompt, GenerationParams(16, spec=dict_spec()))
     assert out.token_ids == want and out.stats.preverifier_s > 0
+
+
+def test_the_acceptance_model_is_evaluated_per_position_against_the_path_probability(chain):
+    report = chain["acceptance_eval"]
+    assert report["drafter"] == "suffix" and report["signal"] == "path probability"
+    assert set(report["groups"]) == {"all", "sharegpt"}  # the tiny corpus's training prompts
+    first = report["groups"]["all"]["positions"][0]
+    assert first["accepted"]["tokens"] == first["survives"]["tokens"] > 0  # all reached there
+    for kind in ("reliability", "auc"):
+        assert (Path(report["out_dir"]) / f"{kind}-all.png").stat().st_size > 0
 
 
 def test_the_jobs_log_their_targets_plan(chain, store):
@@ -213,7 +239,7 @@ def test_acceptance_steps_end_at_their_first_rejection():
              "regret": 0.0, "accepted": a, "hidden": [float(10 * s + i)]}
             for s, step in labels.items() for i, a in enumerate(step)]
     table = pa.Table.from_pylist(rows, schema=STEPS_SCHEMA)
-    steps = train_preverifier.steps_of(table, reached=True)
+    steps = steps_of(table, reached=True)
     assert [s.labels.tolist() for s in steps] == [[1, 1, 0], [0], [1, 1]]
     assert steps[0].hidden[:, 0].tolist() == [0, 1, 2]
-    assert [len(s.labels) for s in train_preverifier.steps_of(table)] == [5, 2, 2]
+    assert [len(s.labels) for s in steps_of(table)] == [5, 2, 2]
