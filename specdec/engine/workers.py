@@ -297,13 +297,24 @@ class TargetWorker:
             self.target_model.release(req.state)
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A request's whole window drafted before its policy runs (``DraftWorker._ahead``)."""
+
+    window: DraftBlock  # its hidden: the acceptance model's inputs
+    scores: torch.Tensor | None  # [n] the acceptance model's, of the whole window
+    drafter_s: float  # its share of the drafter's time and of the model's
+    model_s: float
+
+
 @dataclass
 class DraftRequest:
     state: Any
     policy: DraftPolicy
     policy_state: Any
     sampling: Sampling
-    # {"preverifier": seconds in this round's pre-verifier calls, "scores": its last scores}
+    # {"preverifier": seconds in this round's pre-verifier calls, "scores": its last scores,
+    # "ready": the scores of the window drafted ahead}
     timers: dict
     # [W] the acceptance model's term of the draft's root state (``AcceptanceModel.root``),
     # while it scores the request's drafts
@@ -330,9 +341,11 @@ class DraftWorker:
 
     @property
     def batches(self) -> bool:
-        """Whether the drafter runs forwards batched across requests (``prepare`` /
-        ``commit_batch``): only then is a batch of requests cheaper than each alone."""
-        return any(hasattr(self.draft_model, m) for m in ("prepare", "commit_batch"))
+        """Whether a batch of requests costs less than each alone: the drafter runs forwards
+        batched across requests (``prepare`` / ``commit_batch``), or the acceptance model's
+        calls are (``_ahead``)."""
+        return any(hasattr(self.draft_model, m) for m in ("prepare", "commit_batch")) or \
+            self._scores_ahead
 
     def open(self, batch: dict[str, OpenRequest],
              features: dict[str, torch.Tensor | None]) -> None:
@@ -356,7 +369,7 @@ class DraftWorker:
             raise ValueError(f"policy {spec.policy} with the hybrid drafter: it runs PACER on "
                              "its block draft itself; use policy fixed (gamma caps the draft)")
         extra = {}
-        timers = {"preverifier": 0.0}
+        timers = {"preverifier": 0.0, "scores": None, "ready": None}
         root = None
         if self.acceptance is not None and spec.acceptance:
             root = self.acceptance.root(features)
@@ -380,9 +393,13 @@ class DraftWorker:
             return None  # make_policy then says that PACER needs a pre-verifier
 
         def score(hidden: torch.Tensor) -> torch.Tensor:
-            t0 = time.perf_counter()
-            probs = net.score(hidden)
-            timers["preverifier"] += time.perf_counter() - t0
+            ready = timers.get("ready")  # the round's window scored ahead (``_ahead``)
+            if ready is not None and hidden.shape[0] <= ready.shape[0]:
+                probs = ready[:hidden.shape[0]]  # causal: a prefix's scores are its own
+            else:
+                t0 = time.perf_counter()
+                probs = net.score(hidden)
+                timers["preverifier"] += time.perf_counter() - t0
             timers["scores"] = probs
             return probs
 
@@ -402,7 +419,9 @@ class DraftWorker:
         t0 = time.perf_counter()
         prepared = self._prepare({rid: (reqs[rid], limit) for rid, limit in capped.items()})
         shared = (time.perf_counter() - t0) / max(1, len(prepared))
-        return {rid: self._draft(req, capped[rid], shared if rid in prepared else 0.0)
+        ahead = self._ahead({rid: (reqs[rid], limit) for rid, limit in capped.items()})
+        return {rid: self._draft(req, capped[rid], shared if rid in prepared else 0.0,
+                                 ahead.get(rid))
                 for rid, req in reqs.items()}
 
     def _cap(self, limit: int) -> int:
@@ -427,11 +446,54 @@ class DraftWorker:
             prepare([(batch[rid][0].state, n) for rid, n in ready.items()])
         return set(ready)
 
-    def _draft(self, req: DraftRequest, limit: int, shared_s: float) -> Draft:
-        """One request's draft: its policy drives ``propose``, as the paper's loop reads."""
-        t0, req.timers["preverifier"], req.timers["scores"] = time.perf_counter(), 0.0, None
+    @property
+    def _scores_ahead(self) -> bool:
+        return self.acceptance is not None and getattr(self.draft_model, "drafts_whole", False)
+
+    def _ahead(self, batch: dict[str, tuple[DraftRequest, int]]) -> dict[str, Ahead]:
+        """For a drafter that drafts whole windows (``drafts_whole``) under the acceptance
+        model: every such greedy request's window, proposed at once, and the model's scores of
+        all of them from one batched call (its cost is mostly per call, so one call a step rather
+        than one per block of every request). Each request's policy then reads its window
+        (``_draft``). A batched score rounds otherwise than a score alone, so a draft may end a
+        token sooner or later than alone: greedy requests only, whose output no draft moves. The
+        time is split evenly among the requests."""
+        if not self._scores_ahead:
+            return {}
+        on = {rid: (req, limit) for rid, (req, limit) in batch.items()
+              if req.root is not None and req.sampling.greedy and limit > 0}
+        if not on:
+            return {}
+        t0 = time.perf_counter()
+        windows = {rid: self.draft_model.propose(req.state, limit, req.sampling)
+                   for rid, (req, limit) in on.items()}
+        t1 = time.perf_counter()
+        full = [rid for rid, w in windows.items() if len(w)]
+        scores = {}
+        if full:
+            inputs = self.acceptance.inputs_many([(on[rid][0].root, windows[rid].tokens,
+                                                   windows[rid].hidden) for rid in full])
+            scores = dict(zip(full, self.acceptance.score_many(inputs), strict=True))
+            windows |= {rid: replace(windows[rid], hidden=x)
+                        for rid, x in zip(full, inputs, strict=True)}
+        drafter_s, model_s = (t1 - t0) / len(on), (time.perf_counter() - t1) / len(on)
+        return {rid: Ahead(w, scores.get(rid), drafter_s, model_s) for rid, w in windows.items()}
+
+    def _draft(self, req: DraftRequest, limit: int, shared_s: float,
+               ahead: Ahead | None = None) -> Draft:
+        """One request's draft: its policy drives ``propose``, as the paper's loop reads; with
+        ``ahead``, ``propose`` hands out the window drafted and scored ahead."""
+        t0 = time.perf_counter()
+        req.timers.update(preverifier=ahead.model_s if ahead else 0.0, scores=None,
+                          ready=ahead.scores if ahead else None)
+        handed = 0
 
         def propose(n: int) -> DraftBlock:
+            nonlocal handed
+            if ahead is not None:
+                block = ahead.window.part(handed, handed + max(n, 0))
+                handed += len(block)
+                return block
             block = self.draft_model.propose(req.state, n, req.sampling)
             if req.root is None:
                 return block
@@ -442,13 +504,16 @@ class DraftWorker:
         tokens = [int(t) for b in blocks for t in b.tokens]
         probs = torch.cat([b.probs for b in blocks]) if blocks and not req.sampling.greedy else None
         surviving = self._survival(req, blocks, len(tokens))
-        elapsed, pre = time.perf_counter() - t0, req.timers["preverifier"]
+        pre = req.timers["preverifier"]
+        # the time in this call's own model calls (``ahead``'s share was spent before it)
+        elapsed = time.perf_counter() - t0 - (pre - (ahead.model_s if ahead else 0.0))
         source = getattr(req.state, "source", None) if tokens else None
         confidence = None
         if blocks and all(b.confidence is not None for b in blocks):
             confidence = tuple(float(c) for b in blocks for c in b.confidence)
-        return Draft(tokens, probs, drafter_s=shared_s + elapsed - pre, preverifier_s=pre,
-                     source=source, confidence=confidence, survival=surviving)
+        return Draft(tokens, probs, drafter_s=shared_s + (ahead.drafter_s if ahead else 0.0)
+                     + elapsed, preverifier_s=pre, source=source, confidence=confidence,
+                     survival=surviving)
 
     def _survival(self, req: DraftRequest, blocks: list[DraftBlock],
                   n: int) -> tuple[float, ...] | None:
@@ -457,8 +522,11 @@ class DraftWorker:
         a caller reads it (``survival``)."""
         if req.root is None or n == 0:
             return None
-        scores = req.timers["scores"]
-        if scores is None or scores.shape[0] != n:
+        scores = req.timers["scores"]  # PACER's last, else the window's scored ahead
+        scores = req.timers["ready"] if scores is None else scores
+        if scores is not None and scores.shape[0] >= n:
+            scores = scores[:n]  # causal: a prefix's scores are its own
+        else:
             if not self.survival:
                 return None
             t0 = time.perf_counter()
@@ -484,8 +552,18 @@ class DraftWorker:
                 self.draft_model.commit(*item)
         for rid, (result, drafted) in commits.items():
             reqs[rid].policy.update(reqs[rid].policy_state, drafted, result.accepted)
-            if reqs[rid].root is not None:  # the new root: the last verified position's state
-                reqs[rid].root = self.acceptance.root(result.features)
+        # the new roots, each last verified position's state: the greedy requests' in one call
+        # (batched, a root rounds otherwise than alone: only a greedy request's output is sure
+        # not to follow its drafts), each other request's alone
+        rooted = [rid for rid in commits if reqs[rid].root is not None]
+        greedy = [rid for rid in rooted if reqs[rid].sampling.greedy]
+        if greedy:
+            roots = self.acceptance.roots([commits[rid][0].features for rid in greedy])
+            for rid, root in zip(greedy, roots, strict=True):
+                reqs[rid].root = root
+        for rid in rooted:
+            if rid not in greedy:
+                reqs[rid].root = self.acceptance.root(commits[rid][0].features)
 
     def close(self, rid: str) -> None:
         req = self.requests.pop(rid, None)

@@ -143,6 +143,32 @@ class AcceptanceModel:
         probabilities [n]."""
         return self.net.score_projected(inputs)
 
+    # ---- served, many requests at once: one call each for a step's drafts -----------------
+    @torch.inference_mode()
+    def roots(self, taps: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """``root`` of each request's taps, in one call."""
+        size = self.config.root_size
+        rows = torch.stack([root_of(t, size) for t in taps])  # [R, H]
+        return list(self._term(0, rows) + self.net.proj.bias)
+
+    @torch.inference_mode()
+    def inputs_many(self, drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                    ) -> list[torch.Tensor]:
+        """``inputs`` of each (root, tokens, signals), in one call."""
+        sizes = [int(tokens.shape[0]) for _, tokens, _ in drafts]
+        roots = torch.cat([root.expand(n, -1) for (root, _, _), n in zip(drafts, sizes,
+                                                                         strict=True)])
+        tokens = torch.cat([t for _, t, _ in drafts])
+        signals = torch.cat([s for _, _, s in drafts])
+        return list(self.inputs(roots, tokens, signals).split(sizes))
+
+    def score_many(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``score`` of each draft's inputs [n_i, W], in one call (padded to the longest)."""
+        sizes = [int(x.shape[0]) for x in inputs]
+        padded = torch.nn.utils.rnn.pad_sequence(inputs, batch_first=True)  # [R, n, W]
+        scores = self.net.score_projected(padded)
+        return [row[:n] for row, n in zip(scores, sizes, strict=True)]
+
     def check(self, target, drafter) -> None:
         """Raise unless it fits ``target`` (hidden size, taps on) and ``drafter`` (signals)."""
         c = self.config

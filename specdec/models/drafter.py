@@ -9,9 +9,12 @@ object returned by ``start``; the drafter itself is shared across requests. Impl
 
 Optional parts: a drafter with ``reads_settings = True`` gets the request's ``SpecSettings`` as
 ``start(..., settings=)`` and reads its own section there (``settings.section("suffix")``, the
-options its catalog entry names as ``config``); one with a ``finish(state)`` method is told when a request ends
-(however it ends); one whose state has a ``source`` attribute says where each round's draft
-came from.
+options its catalog entry names as ``config``); one with a ``finish(state)`` method is told
+when a request ends (however it ends); one whose state has a ``source`` attribute says where each
+round's draft came from; one with ``drafts_whole = True`` proposes a whole window for what its
+blocks would cost (a model-free drafter finds a round's draft at once): under the acceptance
+model ``DraftWorker`` then proposes every request's window at once, scores them all in one
+call, and each request's policy reads its window block by block.
 
 Batching parts (optional; ``DraftWorker.draft_batch`` / ``commit_batch`` use them when there):
 ``prepare(requests)``, requests a list of (state, n) with n the size of the round's first
@@ -46,6 +49,13 @@ class DraftBlock:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def part(self, lo: int, hi: int) -> DraftBlock:
+        """Its tokens ``lo`` to ``hi`` (exclusive)."""
+        cut = slice(lo, hi)
+        return DraftBlock(self.tokens[cut], self.hidden[cut],
+                          None if self.probs is None else self.probs[cut],
+                          None if self.confidence is None else self.confidence[cut])
 
     @staticmethod
     def empty(hidden_size: int) -> DraftBlock:

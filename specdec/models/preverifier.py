@@ -112,25 +112,32 @@ class PreVerifier(nn.Module):
     @torch.inference_mode()
     def score_projected(self, x: torch.Tensor) -> torch.Tensor:
         """``score`` from its input layer's output x [n, W] = proj(norm(hidden)) on (a caller
-        that computes it in parts: ``specdec.models.acceptance``)."""
-        n, c = x.shape[0], self.c
+        that computes it in parts: ``specdec.models.acceptance``); x [R, n, W]: R drafts at
+        once, each padded at its end (attention is causal: padding moves no earlier token's
+        score) -> [R, n]."""
+        one = x.dim() == 2
+        x = x[None] if one else x
+        (r, n, _), c = x.shape, self.c
         if n > c.max_positions:
             raise ValueError(f"draft position {n - 1} >= max_positions {c.max_positions}")
         if n == 0:
-            return x.new_zeros(0)
+            out = x.new_zeros(r, 0)
+            return out[0] if one else out
         if c.use_position:
             x = x + self.position.weight[:n]
         a, (norm, linear, _), d = self.attn, self.mlp, c.width // c.heads
-        qkv = F.linear(x, a.in_proj_weight, a.in_proj_bias)  # [n, 3W]
-        q, k, v = qkv.view(n, 3, c.heads, d).permute(1, 2, 0, 3)  # [heads, n, W/heads] each
+        qkv = F.linear(x, a.in_proj_weight, a.in_proj_bias)  # [R, n, 3W]
+        # q, k, v: [R * heads, n, W / heads] each
+        q, k, v = qkv.view(r, n, 3, c.heads, d).permute(2, 0, 3, 1, 4).reshape(3, r * c.heads, n, d)
         # softmax(q k^T / sqrt(d) + causal) v: -inf above the diagonal
         weights = torch.softmax(torch.baddbmm(self.causal[:n, :n], q, k.transpose(1, 2),
-                                              alpha=d ** -0.5), -1)  # [heads, n, n]
-        mixed = torch.bmm(weights, v).transpose(0, 1).reshape(n, c.width)
+                                              alpha=d ** -0.5), -1)  # [R * heads, n, n]
+        mixed = torch.bmm(weights, v).view(r, c.heads, n, d).transpose(1, 2).reshape(r, n, c.width)
         x = x + F.linear(mixed, a.out_proj.weight, a.out_proj.bias)
         x = x + F.gelu(F.linear(F.layer_norm(x, (c.width,), norm.weight, norm.bias, norm.eps),
                                 linear.weight, linear.bias))
-        return torch.sigmoid(F.linear(x, self.head.weight, self.head.bias)).squeeze(-1)
+        out = torch.sigmoid(F.linear(x, self.head.weight, self.head.bias)).squeeze(-1)  # [R, n]
+        return out[0] if one else out
 
     def save(self, out: str | Path, dtype: torch.dtype | None = None) -> Path:
         """Config and weights under ``out``; ``dtype``: store the weights in it (bfloat16 halves

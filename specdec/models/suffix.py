@@ -95,6 +95,7 @@ class SuffixDrafter:
     max_draft_len = None
     hidden_size = FEATURES
     reads_settings = True  # start() takes the request's SpecSettings (for its suffix section)
+    drafts_whole = True  # a round's draft is walked once (speculate)
 
     def __init__(self, vocab_size: int, config: SuffixConfig = SuffixConfig(),
                  index: SuffixIndex | None = None):
