@@ -47,6 +47,19 @@ def prompts_from_file(path: str) -> list[str]:
     return prompts
 
 
+def chat_prompts(n: int, target: str) -> list[str]:
+    """The first ``n`` held-out ShareGPT turns in ``target``'s chat template, as raw prompts."""
+    from transformers import AutoTokenizer
+
+    from pipelines.common.datasets import benchmark_chats
+    from specdec.models.sources import resolve
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(target))
+    return [tokenizer.apply_chat_template([{"role": "user", "content": turn}], tokenize=False,
+                                          add_generation_prompt=True)
+            for _, turn in benchmark_chats(n)]
+
+
 def served_default(config_path: str) -> dict:
     """The app args ``make serve`` serves for this config (the default pair resolved)."""
     from cluster.default_pair import serve_args
@@ -281,7 +294,8 @@ def goals(summary: dict, refs: dict[str, str] | None = None, peers=(), plain=())
 
 def markdown(result: dict) -> str:
     meta, s = result["meta"], result["summary"]
-    source = f"prompts of {meta['prompts_file']}" if meta.get("prompts_file") else "HumanEval prompts"
+    source = (f"prompts of {meta['prompts_file']}" if meta.get("prompts_file") else
+              "held-out ShareGPT chat prompts" if meta.get("chat") else "HumanEval prompts")
     lines = [f"Date {meta['date']}, machine: {meta['machine']}. Command: `{meta['command']}`.",
              f"Served: {meta['served']}. {meta['prompts']} {source}, "
              f"{meta['max_tokens']} new tokens, {meta['repeats']} repeats (medians).", "",
@@ -308,11 +322,14 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/serve/local.yaml")
-    ap.add_argument("--prompts", type=int, default=16, help="the first N HumanEval prompts")
+    ap.add_argument("--prompts", type=int, default=16,
+                    help="how many prompts: the first N of HumanEval (or of --chat)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompts-file", help="a JSON list of prompt strings, in place of HumanEval's")
+    ap.add_argument("--chat", action="store_true",
+                    help="--prompts held-out ShareGPT turns (chat template), in place of HumanEval")
     ap.add_argument("--engine", action="store_true",
                     help="also run the SD app's engine in this process, one prompt at a time")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
@@ -324,13 +341,16 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.engine and 1 not in a.concurrency:
         ap.error("--engine compares with concurrency 1: include 1 in --concurrency")
-    prompts = prompts_from_file(a.prompts_file) if a.prompts_file else humaneval.prompts(a.prompts)
+    if a.chat and a.prompts_file:
+        ap.error("--chat and --prompts-file both choose the prompts: give one")
     try:
         variants = dict(named_json(v, "--variant", BUILTIN) for v in a.variant)
         peers = dict(parse_peer(p) for p in a.peer)
         sd = served_default(a.config)
     except ValueError as e:
         ap.error(str(e))
+    prompts = (prompts_from_file(a.prompts_file) if a.prompts_file else
+               chat_prompts(a.prompts, sd["target"]) if a.chat else humaneval.prompts(a.prompts))
     if set(peers) & set(variants):
         ap.error(f"--peer: a name is taken by a variant: {sorted(peers)}")
     run(a, argv, prompts, sd, method_args(sd, variants), variants, peers)
@@ -366,7 +386,8 @@ def run(a, argv, prompts: list[str], sd: dict, apps: dict[str, dict], variants: 
         "machine": machine_line(),
         "served": {k: v for k, v in sd.items() if k not in ("api_key",)}, "variants": variants,
         "peers": peers,
-        "prompts": len(prompts), "prompts_file": a.prompts_file, "max_tokens": a.max_tokens,
+        "prompts": len(prompts), "prompts_file": a.prompts_file, "chat": a.chat,
+        "max_tokens": a.max_tokens,
         "repeats": a.repeats}
     result["runs"] = [{"method": m, "concurrency": c, **{k: v for k, v in r.items() if k != "token_ids"}}
                       for (m, c), rs in runs.items() for r in rs]

@@ -83,6 +83,10 @@ class BenchmarkConfig(Strict):
     # suffix_warm's warm-up: the target's greedy outputs by prompt id (JSON {id: [token ids]});
     # None: computed untimed with the plain engine
     warm_outputs: str | None = None
+    # the suffix drafter's acceptance model (a directory or models:/NAME@ALIAS; None: no
+    # suffix_pacer) and the PACER setting its rule runs with
+    acceptance: str | None = None
+    acceptance_pacer: PacerSettings = PacerSettings()
     # the suffix walk's stop for the suffix and hybrid methods (None: the knob's default)
     suffix_min_prob: float | None = Field(None, gt=0, le=1)
     prompts: str = Field(default_factory=lambda: str(default_output("corpus") / "benchmark.parquet"))
@@ -168,7 +172,7 @@ def required_ref(key: str, ref: str, tracking_uri: str | None) -> str:
     from specdec.models.preverifier import UNTRAINED
     from specdec.models.registry import resolve_model_ref
 
-    if key == "preverifier" and ref == UNTRAINED:
+    if key in ("preverifier", "acceptance") and ref == UNTRAINED:
         return ref
     path = resolve_model_ref(ref, tracking_uri)
     if not Path(path).exists():
@@ -188,6 +192,8 @@ def optional_ref(key: str, ref: str | None, tracking_uri: str | None) -> tuple[s
 
     if not ref:
         return None, f"not measured: missing {key} (not configured)"
+    if ref == "untrained" and key == "acceptance":
+        return ref, ""
     try:
         path = resolve_model_ref(ref, tracking_uri)
     except FileNotFoundError:  # not in the MLflow registry
@@ -261,7 +267,7 @@ def check(cfg: BenchmarkConfig) -> Plan:
             "preverifier": required_ref("preverifier", cfg.preverifier, uri)}
     p, asd = pacer_settings(cfg), asd_settings(cfg)
     why = {}
-    for key in ("drafter_dflash", "preverifier_no_position"):
+    for key in ("drafter_dflash", "preverifier_no_position", "acceptance"):
         refs[key], why[key] = optional_ref(key, getattr(cfg, key), uri)
     refs["suffix_index"] = suffix_index_ref(cfg.suffix_index, uri)
     prompts = load_prompts(cfg)

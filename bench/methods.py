@@ -1,8 +1,9 @@
 """The engine harness's methods, the models behind them, and the interleaved measurement.
 
 A ``Method`` is a name and a recipe: our engine (a target and a drafter side, with
-``SpecSettings`` fields) or HF ``generate`` (with generation settings). Every model loads once;
-engines share drafters and the one HF target. ``measure`` runs one call at a time, the methods'
+``SpecSettings`` fields) or HF ``generate`` (with generation settings). Every drafter loads once
+and engines share them; a target that taps layers loads on its own (the same plan and weights as
+the plain one, so the same numerics), the others share one. ``measure`` runs one call at a time, the methods'
 order rotated from prompt to prompt so that drift hits every method alike; each call is timed on
 the wall clock.
 """
@@ -26,7 +27,7 @@ BF16_ENGINES = {"plain_bf16", "suffix_bf16"}  # the target in bfloat16
 class Method:
     name: str
     # the engine ``load_models`` builds: plain(_bf16), ngram, main (block drafter + PACER),
-    # no_position, dflash, suffix(_warm, _bf16), hybrid; None = HF generate
+    # no_position, dflash, suffix(_warm, _bf16, _acceptance), hybrid; None = HF generate
     engine: str | None
     settings: dict = field(default_factory=dict)  # SpecSettings fields, or HF generation settings
     strict: bool = True  # lossless: must reproduce ``reference``'s tokens exactly
@@ -87,7 +88,8 @@ def method_table(cfg, p: PacerSettings, asd, drafter_block: int = 8,
                note=f"DFlash-loss drafter, gamma {dflash} (B-1)"),
     ]
     suffix = {} if cfg.suffix_min_prob is None else {"suffix_min_prob": cfg.suffix_min_prob}
-    return methods + suffix_methods(p, knobs, budgets, suffix)
+    return (methods + suffix_methods(p, knobs, budgets, suffix)
+            + acceptance_methods(cfg.acceptance_pacer, cfg.fixed_gammas, suffix))
 
 
 def asd_methods(strict: str, engine: str, settings: dict, asd: dict,
@@ -120,6 +122,19 @@ def suffix_methods(p: PacerSettings, asd: dict, budgets: list[float],
     ]
 
 
+def acceptance_methods(p: PacerSettings, gammas: list[int], suffix: dict) -> list[Method]:
+    """The suffix drafter cut by PACER's rule on its acceptance model (``suffix_pacer``), and
+    the fixed windows it is held against (``suffix_fixed_{g}``)."""
+    walk = "".join(f", {k.removeprefix('suffix_')} {v:g}" for k, v in suffix.items())
+    return [
+        *(Method(f"suffix_fixed_{g}", "suffix", fixed(g) | suffix,
+                 note=f"suffix drafter, offline index only{walk}, fixed window {g}")
+          for g in gammas),
+        Method("suffix_pacer", "suffix_acceptance", pacer(p) | suffix, needs="acceptance",
+               note=f"suffix drafter{walk}, {pacer_note(p)} on its acceptance model"),
+    ]
+
+
 def rho_ablation(p: PacerSettings, grown: float) -> PacerSettings:
     """The paper's ablation of the growing threshold: PACER's setting with rho = 1 or, when
     that setting has rho = 1 already (a sweep may pick it), with rho = ``grown``."""
@@ -146,6 +161,7 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
     The suffix drafters are cold (the offline index); ``warm_runner`` warms one per call."""
     from specdec.engine.engine import Engine
     from specdec.engine.loading import load_drafter, load_preverifier, target_taps
+    from specdec.models.acceptance import acceptance_taps, load_acceptance
     from specdec.models.hybrid import HybridDrafter
     from specdec.models.ngram import NgramDrafter
     from specdec.models.suffix import SuffixConfig, SuffixDrafter
@@ -157,20 +173,28 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
             if engines & BF16_ENGINES else None)
     index = SuffixIndex.load(refs["suffix_index"]) if refs.get("suffix_index") else None
 
-    def tapped(ref: str) -> TargetModel:  # the same HF model, tapping what ``ref`` reads
-        return TargetModel(base.model, base.tokenizer, target_taps(ref))
+    def tapped(taps: tuple[int, ...]) -> TargetModel:
+        """The target again (its own load: the same plan and weights, GGUF codes included),
+        tapping ``taps``."""
+        return TargetModel.from_pretrained(refs["target"], dtype=dtype, device=device,
+                                           tap_layers=taps)
 
     def cold() -> SuffixDrafter:
         return SuffixDrafter(base.vocab_size, SuffixConfig(online=False), index)
 
     out = {"plain": Engine(base), "ngram": Engine(base, NgramDrafter(base.vocab_size))}
     out |= {k: Engine(base, cold()) for k in ("suffix", "suffix_warm") if k in engines}
+    if "suffix_acceptance" in engines:
+        drafter = cold()
+        target = tapped(acceptance_taps(base.num_layers, ()))
+        out["suffix_acceptance"] = Engine(target, drafter, acceptance=load_acceptance(
+            refs["acceptance"], "suffix", drafter, target))
     if "plain_bf16" in engines:
         out["plain_bf16"] = Engine(bf16)
     if "suffix_bf16" in engines:
         out["suffix_bf16"] = Engine(bf16, cold())
     if engines & {"main", "no_position", "hybrid"}:
-        target = tapped(refs["drafter"])
+        target = tapped(target_taps(refs["drafter"]))
         drafter = load_drafter(refs["drafter"], target, dtype)
         pre = load_preverifier(refs["preverifier"], drafter)
         out["main"] = Engine(target, drafter, pre)
@@ -180,7 +204,7 @@ def load_models(refs: dict[str, str | None], engines: set[str], dtype: str,
         if "hybrid" in engines:
             out["hybrid"] = Engine(target, HybridDrafter(cold(), drafter, pre))
     if "dflash" in engines:
-        target = tapped(refs["drafter_dflash"])
+        target = tapped(target_taps(refs["drafter_dflash"]))
         out["dflash"] = Engine(target, load_drafter(refs["drafter_dflash"], target, dtype))
     return Models(out, base.model, base.tokenizer, sorted(base.eos_token_ids))
 

@@ -86,7 +86,8 @@ def test_every_strict_method_reproduces_ar(results):
         methods = x["methods"]
         assert {"ar", "hf_generate", "hf_prompt_lookup", "ngram", "fixed_15", "pacer",
                 "pacer_no_position", "pacer_rho_ablation", "hybrid_pacer_asd_4", "dflash_fixed",
-                "suffix_cold", "suffix_warm", "suffix_cold_bf16", "hybrid_pacer"} <= methods.keys()
+                "suffix_cold", "suffix_warm", "suffix_cold_bf16", "hybrid_pacer", "suffix_fixed_2",
+                "suffix_pacer"} <= methods.keys()
         for name, m in methods.items():
             assert m["tokens"] > 0, (w, name)
             if m["strict"]:
@@ -109,6 +110,7 @@ def test_metrics_are_consistent(results):
     for name, m in he.items():  # random models write no working code
         assert m["pass_at_1"] == 0.0, name
     assert he["hybrid_pacer_asd_2"]["regret_per_request"] >= 0
+    assert he["suffix_pacer"]["time_share"]["preverifier"] > 0  # the acceptance model ran
 
 
 def test_each_output_is_scored_by_the_target(results):
