@@ -55,7 +55,9 @@ RAY_PORT       ?= 6390
 DASHBOARD_PORT ?= 8265
 MLFLOW_PORT    ?= 5000
 SPECDEC_TINY   ?= $(SPECDEC_HOME)/tiny-models
-TRAIN_JOBS     := corpus responses suffix_index train_drafter simulate train_preverifier evaluate
+# stages: a job's module, then its config's variant after a dot (configs/train/tiny/JOB.VARIANT.yaml)
+TRAIN_JOBS     := corpus responses suffix_index train_drafter simulate train_preverifier evaluate \
+                  simulate.suffix train_preverifier.acceptance evaluate_acceptance
 
 # A local Ray head for `ray job submit` (token auth off, as docs/DESIGN.md says for local clusters);
 # jobs inherit PATH (so `python` is the venv's) and SPECDEC_HOME.
@@ -77,7 +79,7 @@ mlflow-ui: setup
 pipelines-tiny: setup
 	$(BIN)/specdec models tiny $(SPECDEC_TINY)
 	for job in $(TRAIN_JOBS); do \
-		SPECDEC_TINY=$(SPECDEC_TINY) RAY_AUTH_MODE=disabled $(BIN)/python -m pipelines.$$job \
+		SPECDEC_TINY=$(SPECDEC_TINY) RAY_AUTH_MODE=disabled $(BIN)/python -m pipelines.$${job%%.*} \
 			--config configs/train/tiny/$$job.yaml || exit 1; \
 	done
 

@@ -68,16 +68,20 @@ def test_a_bad_prompts_file_is_refused(tmp_path):
     assert done.returncode != 0 and "--prompts-file" in done.stderr
 
 
-def test_chat_prompts_are_held_out_sharegpt_turns_in_the_chat_template():
+def test_chat_prompts_are_held_out_sharegpt_turns_in_the_chat_template(tiny_llama):
+    from transformers import AutoTokenizer
+
     from bench.batching import chat_prompts
     from pipelines.common.datasets import BENCHMARK_PERCENT, DEV_PERCENT, benchmark_chats, split_of
 
     chats = benchmark_chats(3)
     assert len(chats) == 3 and all(split_of(key, BENCHMARK_PERCENT, DEV_PERCENT) == "benchmark"
                                    for key, _ in chats)
-    prompts = chat_prompts(3, "smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama["target"])
+    prompts = chat_prompts(3, tiny_llama["target"])
     for (_, turn), prompt in zip(chats, prompts, strict=True):
-        assert turn in prompt and prompt.endswith("<|im_start|>assistant\n")
+        assert prompt == tokenizer.apply_chat_template(
+            [{"role": "user", "content": turn}], tokenize=False, add_generation_prompt=True)
 
 
 def test_a_peer_needs_a_name_and_a_url():
