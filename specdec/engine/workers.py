@@ -319,6 +319,7 @@ class DraftRequest:
     # [W] the acceptance model's term of the draft's root state (``AcceptanceModel.root``),
     # while it scores the request's drafts
     root: torch.Tensor | None = None
+    scored: bool = False  # its policy reads scores (PACER's scorer)
 
 
 class DraftWorker:
@@ -382,6 +383,7 @@ class DraftWorker:
         self.requests[rid] = DraftRequest(
             self.draft_model.start(prompt_ids, features, **settings), policy, policy.new_state(),
             Sampling(params.temperature, draft_gen, **params.warp_params()), timers, root,
+            scored="scorer" in extra,
         )
 
     def _timed_scorer(self, timers: dict, acceptance: bool):
@@ -452,16 +454,18 @@ class DraftWorker:
 
     def _ahead(self, batch: dict[str, tuple[DraftRequest, int]]) -> dict[str, Ahead]:
         """For a drafter that drafts whole windows (``drafts_whole``) under the acceptance
-        model: every such greedy request's window, proposed at once, and the model's scores of
-        all of them from one batched call (its cost is mostly per call, so one call a step rather
-        than one per block of every request). Each request's policy then reads its window
-        (``_draft``). A batched score rounds otherwise than a score alone, so a draft may end a
-        token sooner or later than alone: greedy requests only, whose output no draft moves. The
-        time is split evenly among the requests."""
+        model: the window of every greedy request whose scores are read (by its policy or by
+        the caller), proposed at once, and the model's scores of all of them from one batched
+        call (its cost is mostly per call, so one call a step rather than one per block of every
+        request). Each request's policy then reads its window (``_draft``). A batched score
+        rounds otherwise than a score alone, so a draft may end a token sooner or later than
+        alone: greedy requests only, whose output no draft moves. The time is split evenly
+        among the requests."""
         if not self._scores_ahead:
             return {}
         on = {rid: (req, limit) for rid, (req, limit) in batch.items()
-              if req.root is not None and req.sampling.greedy and limit > 0}
+              if req.root is not None and req.sampling.greedy and limit > 0
+              and (req.scored or self.survival)}
         if not on:
             return {}
         t0 = time.perf_counter()
