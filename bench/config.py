@@ -188,11 +188,12 @@ def required_ref(key: str, ref: str, tracking_uri: str | None) -> str:
 
 def optional_ref(key: str, ref: str | None, tracking_uri: str | None) -> tuple[str | None, str]:
     """(path, "") when present; (None, why) when not configured, not registered or not there."""
+    from specdec.models.acceptance import UNTRAINED
     from specdec.models.registry import resolve_model_ref
 
     if not ref:
         return None, f"not measured: missing {key} (not configured)"
-    if ref == "untrained" and key == "acceptance":
+    if ref == UNTRAINED and key == "acceptance":  # random weights: nothing to resolve
         return ref, ""
     try:
         path = resolve_model_ref(ref, tracking_uri)

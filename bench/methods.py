@@ -3,9 +3,9 @@
 A ``Method`` is a name and a recipe: our engine (a target and a drafter side, with
 ``SpecSettings`` fields) or HF ``generate`` (with generation settings). Every drafter loads once
 and engines share them; a target that taps layers loads on its own (the same plan and weights as
-the plain one, so the same numerics), the others share one. ``measure`` runs one call at a time, the methods'
-order rotated from prompt to prompt so that drift hits every method alike; each call is timed on
-the wall clock.
+the plain one, so the same numerics), the others share one. ``measure`` runs one call at a time,
+the methods' order rotated from prompt to prompt so that drift hits every method alike; each call
+is timed on the wall clock.
 """
 
 from __future__ import annotations
