@@ -176,8 +176,9 @@ def start(apps: dict[str, dict], port: int) -> str:
 
     from cluster.app import build_app
 
-    # logical CPUs: only one app works at a time, but each reserves its actors' shares
-    ray.init(num_cpus=4 * len(apps), include_dashboard=False, log_to_driver=False)
+    # a Ray instance of its own; logical CPUs: only one app works at a time, but each reserves
+    # its actors' shares
+    ray.init(address="local", num_cpus=4 * len(apps), include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     for name, args in apps.items():
         serve.run(build_app(args), name=name, route_prefix=f"/{name}")

@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     args = serve_args(app_cfg["args"], doc.get("default_pair"), doc.get("default_drafter", "block"),
                       doc.get("default_acceptance", True))
     print(describe(args), flush=True)
-    ray.init(include_dashboard=False)
+    ray.init(address="local", include_dashboard=False)  # embedded: never a cluster found on disk
     serve.start(http_options=HTTP_OPTIONS)
     serve.run(build_app(args), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
     print(served_plan(), flush=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -12,6 +14,14 @@ from specdec.models.tiny import make_tiny_models
 
 # Tiny models run fastest on one thread, and tests must not fight over the two cores.
 torch.set_num_threads(1)
+
+# Every Ray instance of the session (this process's, and those of the processes it starts) keeps
+# its files under a directory of its own: a `ray start` or a killed run elsewhere on the machine
+# leaves /tmp/ray/ray_current_cluster behind, and ray.init would try to join that cluster. Short,
+# since Ray puts its sockets under it.
+OWN_RAY_TMPDIR = "RAY_TMPDIR" not in os.environ
+if OWN_RAY_TMPDIR:
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rt", dir="/tmp")
 
 PROMPTS = ["hello world hello world, hello", "def f(x):\n    return x + 1\n\ndef g(", "a"]
 
@@ -63,13 +73,18 @@ def ray_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 token auth (docs/DESIGN.md)
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     from ray import serve
 
     if ray.is_initialized():  # tests/cluster/test_multinode.py replaces it with its own cluster
         serve.shutdown()
         ray.shutdown()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if OWN_RAY_TMPDIR:  # a caller's own RAY_TMPDIR is left as it was
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
