@@ -22,7 +22,7 @@ from pydantic import Field
 
 from pipelines.common.config import MlflowSettings, Strict, cli_config, default_output, target_name
 from pipelines.common.formats import CORPUS_SCHEMA
-from pipelines.common.tables import metadata, read_table
+from pipelines.common.tables import metadata, read_dataset, read_table
 
 
 class SuffixIndexConfig(Strict):
@@ -52,7 +52,7 @@ def read_responses(cfg: SuffixIndexConfig) -> list[list[int]]:
     read_table(cfg.responses, CORPUS_SCHEMA, "suffix_index.responses")  # fail fast on a bad file
     ensure_ray()
     ray.data.DataContext.get_current().execution_options.preserve_order = True
-    ds = ray.data.read_parquet(cfg.responses).select_columns(["id", "input_ids", "prompt_len"])
+    ds = read_dataset(cfg.responses).select_columns(["id", "input_ids", "prompt_len"])
     rows = ds.map_batches(responses_of, batch_format="numpy").take_all()
     seqs = [[int(t) for t in r["response"]] for r in rows]
     seqs = [s for s in seqs if len(s) >= cfg.min_tokens]

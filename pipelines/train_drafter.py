@@ -48,7 +48,7 @@ from pipelines.common.faults import maybe_fail
 from pipelines.common.formats import CORPUS_SCHEMA, check_tokenizer
 from pipelines.common.global_batch import global_sum, shard_draws, step_generator, worker_slots
 from pipelines.common.shards import SHARD, OwnedShards, held_rows, only, owned, with_shards
-from pipelines.common.tables import read_table
+from pipelines.common.tables import read_dataset, read_table
 from specdec.algorithms.losses import LOSSES
 
 
@@ -195,9 +195,7 @@ def worker_data(cfg: TrainDrafterConfig, rank: int, world: int) -> Data:
 def datasets(cfg: TrainDrafterConfig, held: set[str]) -> dict:
     """The trainer's Ray datasets: ``train`` with each row's shard (each worker receives its own
     shards': ``OwnedShards``), and ``heldout``, which every worker receives whole."""
-    import ray.data
-
-    rows = ray.data.read_parquet(cfg.corpus, columns=ROWS.names)
+    rows = read_dataset(cfg.corpus).select_columns(ROWS.names)
     train = rows.map_batches(split_rows, fn_kwargs={"held": held, "keep_held": False},
                              batch_format="pyarrow")
     return {"train": train.map_batches(with_shards, fn_kwargs={"key": "id", "shards": cfg.shards()},

@@ -55,7 +55,7 @@ from pipelines.common.formats import STEPS_SCHEMA
 from pipelines.common.global_batch import global_sum, shard_draws, worker_slots
 from pipelines.common.shards import SHARD, OwnedShards, held_rows, only, owned, with_shards
 from pipelines.common.steps import acceptance_of, steps_of
-from pipelines.common.tables import read_table
+from pipelines.common.tables import read_dataset, read_table
 
 SHARDED = STEPS_SCHEMA.append(pa.field(SHARD, pa.int32()))  # the rows a worker receives
 
@@ -134,9 +134,7 @@ def datasets(cfg: TrainPreVerifierConfig) -> dict:
     """The trainer's Ray datasets: ``train``, the training rows with their shard (each worker
     receives its own shards': ``OwnedShards``), and ``heldout``, every held-out row (all rows
     when nothing is held out), which every worker receives whole."""
-    import ray.data
-
-    rows = ray.data.read_parquet(cfg.data)
+    rows = read_dataset(cfg.data)
     train = rows.map_batches(keep_split, fn_kwargs={"percent": cfg.heldout_percent, "held": False},
                              batch_format="pyarrow").map_batches(
         with_shards, fn_kwargs={"key": "request", "shards": cfg.shards()}, batch_format="pyarrow")
