@@ -29,8 +29,8 @@ def read_table(path: str | Path, schema: pa.Schema, what: str) -> pa.Table:
     return pq.read_table(path, columns=schema.names)
 
 
-def read_dataset(path: str | Path, **kwargs):
-    """``ray.data.read_parquet(path, **kwargs)`` through Ray Data's first Parquet reader. Its
+def read_dataset(path: str | Path):
+    """``ray.data.read_parquet(path)`` through Ray Data's first Parquet reader. Its
     second starts a pool of 32 actors per read to read the files' footers (Ray's
     ``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``), each a process of its own: on a small node those
     starts cost minutes where our tables of a few files read in a second."""
@@ -40,7 +40,7 @@ def read_dataset(path: str | Path, **kwargs):
     second = context.use_datasource_v2
     context.use_datasource_v2 = False  # read when the plan is made, here: the caller's is kept
     try:
-        return read_parquet(str(path), **kwargs)
+        return read_parquet(str(path))
     finally:
         context.use_datasource_v2 = second
 
