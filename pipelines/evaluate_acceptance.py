@@ -195,7 +195,7 @@ def run(cfg: EvaluateAcceptanceConfig) -> dict:
 
     from pipelines.common.steps import acceptance_of, steps_of
     from pipelines.common.tracking import log_params, start_run
-    from specdec.models.acceptance import ACCEPTANCE_FILE, AcceptanceModel
+    from specdec.models.acceptance import AcceptanceConfig, AcceptanceModel
     from specdec.models.preverifier import PreVerifier
     from specdec.models.registry import resolve_model_ref
 
@@ -205,7 +205,7 @@ def run(cfg: EvaluateAcceptanceConfig) -> dict:
                          "(pipelines.simulate with acceptance)")
     table = read_table(cfg.data, STEPS_SCHEMA, "evaluate_acceptance.data")
     model_dir = resolve_model_ref(cfg.model, cfg.mlflow.tracking_uri)
-    kind = (json.loads((Path(model_dir) / ACCEPTANCE_FILE).read_text())["drafter"]
+    kind = (AcceptanceConfig.read(model_dir).drafter
             if AcceptanceModel.is_checkpoint(model_dir) else None)
     if kind != meta["drafter"]:
         raise ValueError(f"evaluate_acceptance.model: {cfg.model} is no acceptance model of the "

@@ -63,6 +63,15 @@ class AcceptanceConfig:
             raise ValueError(f"acceptance root_size and signal_size must be >= 1, got "
                              f"{self.root_size}, {self.signal_size}")
 
+    @classmethod
+    def read(cls, path: str | Path) -> AcceptanceConfig:
+        """The config a checkpoint directory holds (its ``ACCEPTANCE_FILE``)."""
+        path = Path(path)
+        if not (path / ACCEPTANCE_FILE).is_file():
+            raise FileNotFoundError(f"{path} is not an acceptance-model checkpoint "
+                                    f"(no {ACCEPTANCE_FILE})")
+        return cls(**json.loads((path / ACCEPTANCE_FILE).read_text()))
+
     @property
     def parts(self) -> tuple[int, int, int]:
         return self.root_size, self.root_size, self.signal_size
@@ -194,12 +203,7 @@ class AcceptanceModel:
 
     @classmethod
     def load(cls, path: str | Path, embedding: torch.Tensor) -> AcceptanceModel:
-        path = Path(path)
-        if not cls.is_checkpoint(path):
-            raise FileNotFoundError(f"{path} is not an acceptance-model checkpoint "
-                                    f"(no {ACCEPTANCE_FILE})")
-        config = AcceptanceConfig(**json.loads((path / ACCEPTANCE_FILE).read_text()))
-        return cls(config, PreVerifier.load(path), embedding)
+        return cls(AcceptanceConfig.read(path), PreVerifier.load(path), embedding)
 
 
 def untrained_acceptance(kind: str, drafter, embedding: torch.Tensor,
