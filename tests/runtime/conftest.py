@@ -3,6 +3,8 @@ one per config), the cacheless reference, and a forward built from a resolved pl
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
@@ -38,6 +40,42 @@ def hf(request):
                 for proj in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
     return model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rows_probed_once():
+    """The linear-rows probe (``invariant_rows``) is a function of the probed linears' tensors,
+    the kernels and the thread count; these tests load the same bfloat16 models again and again,
+    so each distinct one is probed once (the probe itself runs as the backend runs it)."""
+    if not x86_cpu():
+        yield
+        return
+    from specdec.runtime.x86 import backend, invariance
+
+    probe, found = invariance.invariant_rows, {}
+
+    def once(weights, *args, **kwargs):
+        key = (torch.get_num_threads(), args, tuple(sorted(kwargs.items())),
+               *map(fingerprint, invariance.probed(weights)))
+        if key not in found:
+            found[key] = probe(weights, *args, **kwargs)
+        return found[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "invariant_rows", once)
+        yield
+
+
+def fingerprint(linear) -> tuple:
+    """A linear's kind and the bytes of every plain tensor it holds (its weight, bias, codes;
+    a packed copy is made from them)."""
+    tensors = sorted((k, v) for k, v in vars(linear).items()
+                     if isinstance(v, torch.Tensor) and v.layout == torch.strided)
+    digest = hashlib.sha256()
+    for name, t in tensors:
+        digest.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return type(linear).__name__, digest.hexdigest()
 
 
 def dtype_name(model) -> str:

@@ -44,6 +44,13 @@ def one_thread() -> Iterator[None]:
 INVARIANT_ROWS = 32  # the most rows a batch-invariant linear is tried on at once
 
 
+def probed(weights) -> list:
+    """The linears ``invariant_rows`` tries: the head and the first layer's projections (every
+    layer's have the same shapes and kernels)."""
+    return [weights.lm_head, *(getattr(weights.layers[0], n) for n in
+                               ("qkv", "o", "gate_up", "down"))]
+
+
 def invariant_rows(weights, most: int = INVARIANT_ROWS, outputs: int = 2 ** 18,
                    seeds: int = 2) -> int:
     """The most rows a linear of this model may run over at once with every row's output
@@ -54,8 +61,7 @@ def invariant_rows(weights, most: int = INVARIANT_ROWS, outputs: int = 2 ** 18,
     their rate), so each row count m is tried on random rows, cut into consecutive pieces of m:
     the first m that differs anywhere bounds the count. Each projection gets rows enough for
     ``outputs`` outputs (at least 96) per seed, so a rare difference is found."""
-    projections = [weights.lm_head, *(getattr(weights.layers[0], n) for n in
-                                      ("qkv", "o", "gate_up", "down"))]
+    projections = probed(weights)
     cases = []
     with torch.inference_mode():
         for seed in range(seeds):
