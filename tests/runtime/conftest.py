@@ -42,7 +42,7 @@ def hf(request):
     return model
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def rows_probed_once():
     """The linear-rows probe (``invariant_rows``) is a function of the probed linears' tensors,
     the kernels and the thread count; these tests load the same bfloat16 models again and again,
