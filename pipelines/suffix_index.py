@@ -22,7 +22,7 @@ from pydantic import Field
 
 from pipelines.common.config import MlflowSettings, Strict, cli_config, default_output, target_name
 from pipelines.common.formats import CORPUS_SCHEMA
-from pipelines.common.tables import metadata, read_dataset, read_table
+from pipelines.common.tables import check_table, metadata, read_dataset
 
 
 class SuffixIndexConfig(Strict):
@@ -49,7 +49,7 @@ def read_responses(cfg: SuffixIndexConfig) -> list[list[int]]:
 
     from pipelines.common.pools import ensure_ray
 
-    read_table(cfg.responses, CORPUS_SCHEMA, "suffix_index.responses")  # fail fast on a bad file
+    check_table(cfg.responses, CORPUS_SCHEMA, "suffix_index.responses")  # before Ray starts
     ensure_ray()
     ray.data.DataContext.get_current().execution_options.preserve_order = True
     ds = read_dataset(cfg.responses).select_columns(["id", "input_ids", "prompt_len"])

@@ -11,6 +11,13 @@ import pyarrow.parquet as pq
 
 
 def read_table(path: str | Path, schema: pa.Schema, what: str) -> pa.Table:
+    """The file's ``schema`` columns, once ``check_table`` has passed."""
+    return pq.read_table(check_table(path, schema, what), columns=schema.names)
+
+
+def check_table(path: str | Path, schema: pa.Schema, what: str) -> Path:
+    """``path`` if it is a Parquet file with ``schema``'s columns and types (its footer alone is
+    read); else the error naming ``what``, the file and the column."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what}: Parquet file {path} does not exist")
@@ -26,7 +33,7 @@ def read_table(path: str | Path, schema: pa.Schema, what: str) -> pa.Table:
         if not got.equals(field.type):
             raise ValueError(f"{what}: column {field.name!r} of {path} is {got}, "
                              f"expected {field.type}")
-    return pq.read_table(path, columns=schema.names)
+    return path
 
 
 def read_dataset(path: str | Path):
