@@ -14,6 +14,24 @@ from specdec.runtime.plan import DTYPES, x86_cpu
 
 # for the tests that ask for the x86 backend by name (elsewhere auto is the torch backend)
 X86 = pytest.mark.skipif(not x86_cpu(), reason="the x86 backend runs x86-64 CPUs")
+
+
+def per_isa(unavailable) -> list:
+    """One pytest param per ISA specdec's kernels are built for (``kernels.ISAS``), each skipped
+    where ``unavailable(isa)`` gives the reason its build cannot run here."""
+    from specdec.runtime.x86 import kernels
+
+    return [pytest.param(isa, marks=pytest.mark.skipif(unavailable(isa) is not None,
+                                                       reason=f"{isa}: {unavailable(isa)}"))
+            for isa in kernels.ISAS]
+
+
+def both_builds(unavailable):
+    """A mark that skips a test comparing the ISAs' builds where either cannot run here."""
+    from specdec.runtime.x86 import kernels
+
+    reasons = [f"{isa}: {unavailable(isa)}" for isa in kernels.ISAS if unavailable(isa)]
+    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons))
 TOL = dict(rtol=0, atol=1e-9)
 TAPS = (0, 2)
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3,

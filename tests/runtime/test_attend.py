@@ -1,7 +1,8 @@
-"""The float32 attention kernel of short rows (specdec/runtime/attend.cpp) against float64 SDPA:
-decodes, causal verifies and tree-masked rows at contexts from 0 to past a 16-key block, every
-head dim it takes, with and without GQA, a strided q; every token bitwise the same alone and in
-any batch; bad input refused with the reason; and the forward on it (with the fused ops): float32
+"""The float32 attention kernel of short rows (specdec/runtime/attend.cpp), each ISA's build,
+against float64 SDPA: decodes, causal verifies and tree-masked rows at contexts from 0 to past a
+16-key block, every head dim it takes, with and without GQA, a strided q; every token bitwise the
+same alone and in any batch; the AVX2 build's outputs bitwise the AVX-512 build's; bad input
+refused with the reason; and the forward on it (with the fused ops), on each ISA: float32
 verifies (causal and tree) bitwise the decodes of the same tokens, and how the plan's
 ``attention`` picks it."""
 
@@ -13,11 +14,17 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specdec.runtime import Forward, PlanError, Row
-from specdec.runtime.x86 import attend
-from tests.runtime.conftest import forward_of
+from specdec.runtime.x86 import attend, kernels, panels
+from tests.runtime.conftest import both_builds, forward_of, per_isa
 
-pytestmark = pytest.mark.skipif(attend.unavailable() is not None,
-                                reason=f"attention kernel: {attend.unavailable()}")
+
+def unavailable(isa: str) -> str | None:
+    return attend.unavailable(isa=isa)
+
+
+ISAS = per_isa(unavailable)
+ISA = next((isa for isa in kernels.ISAS if unavailable(isa) is None), None)  # the first here
+pytestmark = pytest.mark.skipif(ISA is None, reason=f"attention kernel: {unavailable('avx2')}")
 
 SLOTS, LENGTH = 4, 96
 
@@ -64,10 +71,11 @@ ROWS = [(1, 0, 0), (1, 1, 15), (4, 2, 16), (9, 3, 40), (3, 0, 70), (1, 1, 95)]
 @pytest.mark.parametrize("d", attend.HEAD_DIMS)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
 @pytest.mark.parametrize("tree", [False, True])
-def test_the_kernel_equals_sdpa_in_float64(d, heads, kv_heads, tree):
+@pytest.mark.parametrize("isa", ISAS)
+def test_the_kernel_equals_sdpa_in_float64(d, heads, kv_heads, tree, isa):
     k, v = caches(kv_heads, d)
     q, rows, seen = batch(heads, d, ROWS, tree)
-    got = attend.attend(q.float(), k.float(), v.float(), rows, seen, d ** -0.5)
+    got = attend.attend(q.float(), k.float(), v.float(), rows, seen, d ** -0.5, isa)
     want = reference(q, k, v, rows, seen, d ** -0.5)
     torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
 
@@ -79,30 +87,45 @@ def test_a_strided_q_reads_as_a_contiguous_one():
     wide[:, :9] = q.float()
     strided = wide[:, :9]
     assert not strided.is_contiguous()
-    assert torch.equal(attend.attend(strided, k.float(), v.float(), rows, seen, 0.125),
-                       attend.attend(q.float(), k.float(), v.float(), rows, seen, 0.125))
+    assert torch.equal(attend.attend(strided, k.float(), v.float(), rows, seen, 0.125, ISA),
+                       attend.attend(q.float(), k.float(), v.float(), rows, seen, 0.125, ISA))
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("tree", [False, True])
-def test_every_token_is_bitwise_its_result_alone(tree):
+def test_every_token_is_bitwise_its_result_alone(tree, isa):
     """A token's result is the same in any batch: in its row, next to other rows, and as a
     one-token row that sees the same keys (a decode with the visible ones cached)."""
     k, v = (c.float() for c in caches(3, 64))
     q, rows, seen = batch(9, 64, ROWS, tree)
     q = q.float()
-    together = attend.attend(q, k, v, rows, seen, 0.125)
+    together = attend.attend(q, k, v, rows, seen, 0.125, isa)
     for r, (start, n, slot, c) in enumerate(rows.tolist()):
         one = rows[r:r + 1].clone()
         one[0, 0] = 0
         alone = attend.attend(q[start:start + n], k, v, one,
-                              seen[start:start + n] if tree else seen, 0.125)
+                              seen[start:start + n] if tree else seen, 0.125, isa)
         assert torch.equal(alone, together[start:start + n]), r
         if tree:
             continue
         for t in range(n):  # token t of a causal row: a decode at context c + t
             decode = attend.attend(q[start + t:start + t + 1], k, v,
-                                   torch.tensor([[0, 1, slot, c + t]]), seen, 0.125)
+                                   torch.tensor([[0, 1, slot, c + t]]), seen, 0.125, isa)
             assert torch.equal(decode[0], together[start + t]), (r, t)
+
+
+@both_builds(unavailable)
+@pytest.mark.parametrize("d", attend.HEAD_DIMS)
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16])
+def test_the_avx2_build_is_bitwise_the_avx512_builds(d, cache):
+    """Every lane the same IEEE operation, every sum the same tree (``lanes.h``): the same
+    outputs to the bit, at scores whose weights run down into float32's subnormals."""
+    k, v = (c.to(cache) for c in caches(3, d))
+    q, rows, seen = batch(9, d, ROWS, True)
+    q = q.float() * 30  # wide scores: weights e^-87 and below, subnormal
+    builds = [attend.attend(q, k, v, rows, s, d ** -0.5, isa)
+              for s in (seen, torch.empty(0, dtype=torch.uint8)) for isa in kernels.ISAS]
+    assert torch.equal(builds[0], builds[1]) and torch.equal(builds[2], builds[3])
 
 
 def test_bad_input_is_refused_with_the_reason():
@@ -110,17 +133,19 @@ def test_bad_input_is_refused_with_the_reason():
     q, rows, seen = batch(9, 64, ROWS, False)
     q = q.float()
     with pytest.raises(RuntimeError, match="float32"):
-        attend.attend(q.double(), k, v, rows, seen, 0.125)
+        attend.attend(q.double(), k, v, rows, seen, 0.125, ISA)
     with pytest.raises(RuntimeError, match="does not fit"):
-        attend.attend(q, k, v, torch.tensor([[0, 2, 0, 95]]), seen, 0.125)  # past the cache
+        attend.attend(q, k, v, torch.tensor([[0, 2, 0, 95]]), seen, 0.125, ISA)  # past the cache
     with pytest.raises(RuntimeError, match="does not fit"):
-        attend.attend(q, k, v, torch.tensor([[0, 1, SLOTS, 3]]), seen, 0.125)  # no such slot
+        attend.attend(q, k, v, torch.tensor([[0, 1, SLOTS, 3]]), seen, 0.125, ISA)  # no slot
     with pytest.raises(RuntimeError, match="hold"):
-        attend.attend(q, k, v, rows[:2], seen, 0.125)  # rows that leave tokens out
+        attend.attend(q, k, v, rows[:2], seen, 0.125, ISA)  # rows that leave tokens out
     with pytest.raises(RuntimeError, match="head dim"):
         attend.attend(q[..., :48], k[..., :48].contiguous(), v[..., :48].contiguous(), rows,
-                      seen, 0.125)
+                      seen, 0.125, ISA)
     assert attend.unavailable(48) and "not 48" in attend.unavailable(48)
+    with pytest.raises(ValueError, match="not 'sse2'"):
+        attend.attend(q, k, v, rows, seen, 0.125, "sse2")
 
 
 # head dim 32: the fused ops (runtime.fused) run RoPE and the KV write too, where they build
@@ -136,18 +161,23 @@ def float32_model():
 
 
 def forward(model, attention: str = "auto", slots: int = 3,
-            cache: torch.dtype = torch.float32) -> Forward:
-    return forward_of(model, attention=attention, slots=slots,
+            cache: torch.dtype = torch.float32, isa: str = "auto") -> Forward:
+    return forward_of(model, attention=attention, slots=slots, isa=isa,
                       kv_cache_dtype="float16" if cache == torch.float16 else "model")
 
 
+@pytest.mark.skipif(panels.unavailable() is not None,
+                    reason=f"float32 passes are batch invariant on the panel linear: "
+                           f"{panels.unavailable()}")
 @pytest.mark.parametrize("cache", [torch.float32, torch.float16])
 def test_float32_verifies_are_bitwise_the_decodes_of_their_tokens(float32_model, cache):
     """On the kernel a float32 token's logits do not depend on its pass: a 5-token causal verify
     next to another request, and a tree verify's branch, equal decoding the same tokens one by
     one (so speculative decoding in float32 commits exactly plain decoding's tokens), on float32
-    and on float16 KV caches (``kv_cache_dtype``)."""
-    fwd = forward(float32_model, cache=cache)
+    and on float16 KV caches (``kv_cache_dtype``). The linears are the AVX-512 panels (on AVX2
+    a float32 model's are oneDNN's, not batch invariant; int8 rows on AVX2 are, with this
+    kernel: test_int8_avx2)."""
+    fwd = forward(float32_model, cache=cache, isa="avx512")
     assert fwd.attention.kind == "kernel" and fwd.pool.dtype == cache
     prompt, draft = list(range(3, 23)), [5, 9, 11, 2, 7]
     a, b, c = (fwd.pool.acquire() for _ in range(3))

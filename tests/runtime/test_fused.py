@@ -1,7 +1,8 @@
-"""The fused float32 element-wise ops (specdec/runtime/x86/fused.cpp) against torch's: the RMSNorm
-and silu * up within float32 rounding of float64, RoPE and the KV write bitwise the eager ops'
-(``backend.rope``, ``KVPool.write``), every row bitwise its result alone, bad input refused with
-the reason; and a float32 forward on them against transformers."""
+"""The fused float32 element-wise ops (specdec/runtime/x86/fused.cpp), each ISA's build, against
+torch's: the RMSNorm and silu * up within float32 rounding of float64, RoPE and the KV write
+bitwise the eager ops' (``backend.rope``, ``KVPool.write``), every row bitwise its result alone,
+the AVX2 build bitwise the AVX-512 build, bad input refused with the reason; and a float32
+forward on them against transformers."""
 
 from __future__ import annotations
 
@@ -12,49 +13,74 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specdec.runtime import Row
 from specdec.runtime.backend import rope
-from specdec.runtime.x86 import fused
-from tests.runtime.conftest import forward_of
+from specdec.runtime.x86 import fused, kernels
+from tests.runtime.conftest import both_builds, forward_of, per_isa
 
-pytestmark = pytest.mark.skipif(fused.unavailable() is not None,
-                                reason=f"fused ops: {fused.unavailable()}")
+ISAS = per_isa(fused.unavailable)
+ISA = next((isa for isa in kernels.ISAS if fused.unavailable(isa) is None), None)  # the first here
+pytestmark = pytest.mark.skipif(ISA is None, reason=f"fused ops: {fused.unavailable('avx2')}")
 
 
 def randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("H", [8, 64, 576, 1000])
-def test_the_rms_norm_is_float64s_within_rounding_and_each_row_its_own(H):
+def test_the_rms_norm_is_float64s_within_rounding_and_each_row_its_own(H, isa):
     x, w = randn(40, H) * 3, randn(H, seed=1)
     x64 = x.double()
     want = w.double() * (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6))
-    got = fused.rms_norm(x, w, 1e-6)
+    got = fused.rms_norm(x, w, 1e-6, isa)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
-    alone = torch.cat([fused.rms_norm(x[i:i + 1], w, 1e-6) for i in range(40)])
+    alone = torch.cat([fused.rms_norm(x[i:i + 1], w, 1e-6, isa) for i in range(40)])
     assert torch.equal(got, alone)
     wide = torch.zeros(40, H + 5)
     wide[:, :H] = x
-    assert torch.equal(fused.rms_norm(wide[:, :H], w, 1e-6), got)  # strided rows
+    assert torch.equal(fused.rms_norm(wide[:, :H], w, 1e-6, isa), got)  # strided rows
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("inner", [16, 100, 1536])
-def test_silu_mul_is_float64s_within_rounding_and_each_row_its_own(inner):
+def test_silu_mul_is_float64s_within_rounding_and_each_row_its_own(inner, isa):
     g = randn(24, 2 * inner) * 4
     g[0, :3] = torch.tensor([-200.0, 100.0, 0.0])  # far tails: 0, itself, 0
     want = F.silu(g[:, :inner].double()) * g[:, inner:].double()
-    got = fused.silu_mul(g)
+    got = fused.silu_mul(g, isa)
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
-    assert torch.equal(got, torch.cat([fused.silu_mul(g[i:i + 1]) for i in range(24)]))
+    assert torch.equal(got, torch.cat([fused.silu_mul(g[i:i + 1], isa) for i in range(24)]))
 
 
-def test_rope_and_the_kv_write_are_bitwise_the_eager_ones():
+@both_builds(fused.unavailable)
+def test_the_avx2_build_is_bitwise_the_avx512_builds():
+    """Every lane the same IEEE operation, every sum the same tree (``lanes.h``): the norm, silu
+    over its whole range (e^-x from past float32's least subnormal to past its largest finite
+    value) and RoPE's writes to float32 and float16 caches, the same to the bit."""
+    x, w = randn(37, 1000) * 5, randn(1000, seed=1)
+    assert torch.equal(*(fused.rms_norm(x, w, 1e-6, isa) for isa in kernels.ISAS))
+    sweep = torch.linspace(-120, 100, 37 * 1536).reshape(37, 1536)
+    g = torch.cat([sweep, randn(37, 1536, seed=2)], dim=1)
+    assert torch.equal(*(fused.silu_mul(g, isa) for isa in kernels.ISAS))
+    heads, kvh, d, N = 6, 2, 64, 7
+    qkv, cos, sin = randn(N, (heads + 2 * kvh) * d) * 300, randn(N, d, seed=2), randn(N, d, seed=3)
+    slots, positions = torch.tensor([0, 0, 2, 2, 2, 1, 0]), torch.tensor([5, 6, 0, 1, 2, 9, 7])
+    for dtype in (torch.float32, torch.float16):
+        outs = []
+        for isa in kernels.ISAS:
+            k, v = (torch.zeros(3, kvh, 16, d, dtype=dtype) for _ in "kv")
+            outs.append((fused.rope_write(qkv, cos, sin, k, v, slots, positions, heads, isa), k, v))
+        assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_rope_and_the_kv_write_are_bitwise_the_eager_ones(isa):
     heads, kvh, d, N = 6, 2, 64, 7
     qkv = randn(N, (heads + 2 * kvh) * d)
     cos, sin = randn(N, 1, d, seed=2), randn(N, 1, d, seed=3)
     slots = torch.tensor([0, 0, 2, 2, 2, 1, 0])
     positions = torch.tensor([5, 6, 0, 1, 2, 9, 7])
     caches = [torch.zeros(3, kvh, 16, d) for _ in range(4)]  # fused k, v; eager k, v
-    q = fused.rope_write(qkv, cos, sin, caches[0], caches[1], slots, positions, heads)
+    q = fused.rope_write(qkv, cos, sin, caches[0], caches[1], slots, positions, heads, isa)
     qk, v = qkv.split([(heads + kvh) * d, kvh * d], dim=-1)
     q_eager, k_eager = rope(qk.reshape(N, heads + kvh, d), cos, sin).split([heads, kvh], dim=1)
     caches[2][slots, :, positions] = k_eager
@@ -67,17 +93,17 @@ def test_bad_input_is_refused_with_the_reason():
     k, v = torch.zeros(2, 2, 8, 64), torch.zeros(2, 2, 8, 64)
     qkv, cs = randn(3, 8 * 64), randn(3, 64)
     with pytest.raises(RuntimeError, match="columns"):
-        fused.rope_write(qkv, cs, cs, k, v, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2]), 3)
+        fused.rope_write(qkv, cs, cs, k, v, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 2]), 3, ISA)
     with pytest.raises(RuntimeError, match="outside the caches"):
-        fused.rope_write(qkv, cs, cs, k, v, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 8]), 4)
+        fused.rope_write(qkv, cs, cs, k, v, torch.tensor([0, 0, 1]), torch.tensor([0, 1, 8]), 4, ISA)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         fused.rope_write(randn(3, 8 * 16), randn(3, 16), randn(3, 16), torch.zeros(2, 2, 8, 16),
                          torch.zeros(2, 2, 8, 16), torch.tensor([0, 0, 1]),
-                         torch.tensor([0, 1, 2]), 4)
+                         torch.tensor([0, 1, 2]), 4, ISA)
     with pytest.raises(RuntimeError, match="float32"):
-        fused.rms_norm(randn(2, 8).double(), randn(8), 1e-6)
+        fused.rms_norm(randn(2, 8).double(), randn(8), 1e-6, ISA)
     with pytest.raises(RuntimeError, match="even"):
-        fused.silu_mul(randn(2, 7))
+        fused.silu_mul(randn(2, 7), ISA)
     assert fused.rope_fits(64) and not fused.rope_fits(16)
 
 

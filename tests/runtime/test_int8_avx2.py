@@ -129,17 +129,18 @@ def test_an_unknown_isa_is_refused():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_model_on_avx2_int8_gives_each_request_its_logits_alone(fmt):
-    """A tiny GGUF-quantized Llama with ``isa: avx2``: int8 rows on the AVX2 build and
-    batch-invariant SDPA (no AVX-512 attention kernel); requests of 1 to 12 new tokens after
-    their prompts, in one pass, bitwise as each runs alone."""
+    """A tiny GGUF-quantized Llama with ``isa: avx2``: int8 rows, the attention and the fused
+    steps on their AVX2 builds; requests of 1 to 12 new tokens after their prompts, in one pass,
+    bitwise as each runs alone."""
     model, blocks = quantized_llama(fmt)
 
     def forward():
         return forward_of(model, blocks=blocks, linears="int8", isa="avx2", slots=4)
 
     fwd = forward()
-    assert fwd.backend.plan.isa == "avx2" and fwd.backend.plan.batch_invariant and not fwd.backend.plan.fused
-    assert fwd.backend.plan.attention in ("grouped", "per_query") and "AVX2" in fwd.backend.plan.numerics
+    plan = fwd.backend.plan
+    assert plan.isa == "avx2" and plan.batch_invariant and plan.fused
+    assert plan.attention == "kernel" and "AVX2" in plan.numerics
     assert all(p.kind == "int8" and p.isa == "avx2" for p in fwd.w.projections())
     prompts = [list(range(3, 3 + n)) for n in (37, 5, 20, 9)]
     news = [[7], [8, 9, 10], list(range(11, 23)), [4, 5]]
@@ -171,8 +172,7 @@ def test_the_default_target_on_isa_avx2_runs_int8_and_a_verify_is_its_decodes():
     """SmolLM2-135M (its GGUF's blocks beside it) with ``isa: avx2``, as on a CPU without
     AVX-512: every projection and the lm_head on the AVX2 int8 kernel, and a verify of 8 tokens
     gives bitwise the logits of the 8 decodes one by one (batch invariant), the verify on two
-    threads as served and the decodes on one, as threads by load may run them (SDPA on two
-    threads was not invariant: the invariant attention runs on one)."""
+    threads as served and the decodes on one, as threads by load may run them."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -187,6 +187,7 @@ def check_a_verify_is_its_decodes():
     target = load_target("smollm2-135m", dtype="auto", kv_slots=2, isa="avx2")
     fwd = target.runtime
     assert target.plan.isa == "avx2" and target.plan.batch_invariant
+    assert target.plan.attention == "kernel" and target.plan.fused
     assert all(p.kind == "int8" and p.isa == "avx2" for p in fwd.w.projections())
     slots = [fwd.pool.acquire() for _ in range(2)]
     for slot, threads in zip(slots, (2, 1), strict=True):  # threads by load: either count

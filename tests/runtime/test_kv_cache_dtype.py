@@ -13,11 +13,16 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specdec.runtime import Forward, KVPool, PlanError, Row, RuntimeConfig, Weights
 from specdec.runtime.plan import KV_CACHE_DTYPES
-from specdec.runtime.x86 import attend, fused
+from specdec.runtime.x86 import attend, fused, kernels
 from tests.runtime.conftest import forward_of, plan_of
 
-pytestmark = pytest.mark.skipif(attend.unavailable() is not None or fused.unavailable() is not None,
-                                reason=f"kernels: {attend.unavailable() or fused.unavailable()}")
+
+def unavailable(isa: str) -> str | None:
+    return attend.unavailable(isa=isa) or fused.unavailable(isa)
+
+
+ISA = next((isa for isa in kernels.ISAS if unavailable(isa) is None), None)  # the first here
+pytestmark = pytest.mark.skipif(ISA is None, reason=f"kernels: {unavailable('avx2')}")
 
 # head dim 32: RoPE and the KV write run fused (runtime.fused)
 CONFIG = dict(vocab_size=96, hidden_size=128, intermediate_size=160, num_hidden_layers=3,
@@ -53,8 +58,8 @@ def test_the_kernel_reads_float16_caches_as_the_float32_values_they_hold(tree):
         seen[7, 5] = seen[9, 6] = 0
     else:
         seen = torch.empty(0, dtype=torch.uint8)
-    got = attend.attend(q, k16, v16, rows, seen, 0.125)
-    assert torch.equal(got, attend.attend(q, k16.float(), v16.float(), rows, seen, 0.125))
+    got = attend.attend(q, k16, v16, rows, seen, 0.125, ISA)
+    assert torch.equal(got, attend.attend(q, k16.float(), v16.float(), rows, seen, 0.125, ISA))
 
 
 def test_rope_writes_float16_caches_as_torch_rounds_the_float32_ones():
@@ -64,8 +69,8 @@ def test_rope_writes_float16_caches_as_torch_rounds_the_float32_ones():
     slots, positions = torch.tensor([0, 0, 2, 2, 2, 1, 0]), torch.tensor([5, 6, 0, 1, 2, 9, 7])
     wide = [torch.zeros(3, kvh, 16, d) for _ in "kv"]
     half = [torch.zeros(3, kvh, 16, d, dtype=torch.float16) for _ in "kv"]
-    q = fused.rope_write(qkv, cos, sin, *wide, slots, positions, heads)
-    q16 = fused.rope_write(qkv, cos, sin, *half, slots, positions, heads)
+    q = fused.rope_write(qkv, cos, sin, *wide, slots, positions, heads, ISA)
+    q16 = fused.rope_write(qkv, cos, sin, *half, slots, positions, heads, ISA)
     assert torch.equal(q, q16)  # the queries stay float32
     for a, b in zip(wide, half, strict=True):
         assert torch.equal(a.half(), b)

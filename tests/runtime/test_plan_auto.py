@@ -74,18 +74,19 @@ def plan_on(monkeypatch, flags: set, blocks: bool = True, **knobs):
     return resolve_plan(config, tiny_config(), blocks)
 
 
-def test_a_cpu_without_avx512_runs_int8_rows_on_the_avx2_kernel_batch_invariant(monkeypatch):
+def test_a_cpu_without_avx512_runs_every_kernel_but_the_panels_on_avx2(monkeypatch):
     """AVX2 with FMA and F16C, no AVX-512: the default linears are int8 rows on the AVX2 build,
-    in float32; the AVX-512 kernels are off (attention, fused steps, panels), attention is
-    batch-invariant SDPA, so the plan stays batch invariant, and it says which kernel runs."""
+    in float32, with the attention kernel (float16 KV caches) and the fused steps on their AVX2
+    builds, batch invariant; the plan says which kernel runs. Without codes the linears are
+    oneDNN's (the float32 panels are AVX-512 code)."""
     plan = plan_on(monkeypatch, AVX2)
     assert (plan.isa, plan.dtype, plan.linears) == ("avx2", "float32", "int8")
-    assert plan.attention in ("grouped", "per_query") and plan.kv_cache_dtype == "float32"
-    assert plan.batch_invariant and not plan.fused
+    assert plan.attention == "kernel" and plan.kv_cache_dtype == "float16"
+    assert plan.batch_invariant and plan.fused
     assert "AVX2 kernel" in plan.numerics and "(avx2 kernels)" in plan.describe()
     assert any(r.startswith("isa auto: avx2") for r in plan.reasons)
-    plain = plan_on(monkeypatch, AVX2, blocks=False)  # no codes: oneDNN and SDPA, as before
-    assert (plain.linears, plain.attention, plain.batch_invariant) == ("onednn", "sdpa", False)
+    plain = plan_on(monkeypatch, AVX2, blocks=False)
+    assert (plain.linears, plain.attention, plain.batch_invariant) == ("onednn", "kernel", False)
 
 
 def test_avx512_without_vnni_is_an_avx2_cpu_to_auto(monkeypatch):
@@ -99,10 +100,8 @@ def test_isa_avx2_runs_the_avx2_path_on_an_avx512_cpu_and_auto_keeps_avx512(monk
     assert (default.isa, default.linears, default.attention) == ("avx512", "int8", "kernel")
     assert "AVX-512 VNNI kernel" in default.numerics and default.fused
     forced = plan_on(monkeypatch, AVX512, isa="avx2")
-    assert (forced.isa, forced.linears) == ("avx2", "int8") and not forced.fused
-    assert forced.attention in ("grouped", "per_query") and forced.batch_invariant
-    with pytest.raises(PlanError, match="attention: kernel cannot run here: isa avx2"):
-        plan_on(monkeypatch, AVX512, isa="avx2", attention="kernel")
+    assert (forced.isa, forced.linears, forced.attention) == ("avx2", "int8", "kernel")
+    assert forced.fused and forced.batch_invariant
     with pytest.raises(PlanError, match="linears: panels cannot run here: isa avx2"):
         plan_on(monkeypatch, AVX512, isa="avx2", linears="panels")
 

@@ -1,5 +1,5 @@
-// specdec's float32 attention of short rows for x86 CPUs with AVX-512 (specdec/runtime/x86/attend.py
-// says when and why).
+// specdec's float32 attention of short rows for x86 CPUs, built for AVX-512 or AVX2 on
+// ``lanes.h`` (specdec/runtime/x86/attend.py says when and why).
 //
 // A pass's short rows (decodes, verifies: a few new tokens each) read their KV slots where they
 // lie in the pool, [slots, kv_heads, max_len, d], with no padding and no mask tensor. A task is
@@ -14,51 +14,31 @@
 // on the other rows or queries, on where its row sits in the batch, on which of its keys were
 // cached before the pass, or on the thread that runs it. A token's output is bitwise the same
 // whatever its pass holds: decoded alone, inside a verify (causal or a tree's branch), next to
-// other requests (tests/runtime/test_attend.py checks it).
+// other requests, and from either build (tests/runtime/test_attend.py checks it).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "caches.h"
-#include "simd.h"
+#include "lanes.h"
 
 namespace {
 
-using specdec::WIDTH;
-using specdec::exp16;
-using specdec::first_lanes;
-using specdec::load16;
+using namespace specdec::lanes;
+
+constexpr int WIDTH = 16;  // floats a ``Floats`` holds
 
 // A key's NV * 16 products with the query, summed to 16 lanes in one fixed chain.
 template <int NV, class C>
-inline __m512 key_products(const __m512* qv, const C* key) {
-  __m512 a = _mm512_mul_ps(qv[0], load16(key));
-  for (int i = 1; i < NV; ++i) a = _mm512_fmadd_ps(qv[i], load16(key + i * WIDTH), a);
+inline Floats key_products(const Floats* qv, const C* key) {
+  Floats a = fmul(qv[0], load16(key));
+  for (int i = 1; i < NV; ++i) a = fmadd(qv[i], load16(key + i * WIDTH), a);
   return a;
-}
-
-// 16 vectors' lane sums as one vector, lane j holding a[j]'s: each a[j] is summed by the same
-// tree of adds, whatever j (pairs of lanes 2 apart, then 1 apart, then 128-bit lanes), so a
-// key's score does not depend on where it falls in a block.
-inline __m512 lane_sums(const __m512* a) {
-  __m512 b[8], c[4], d[2];
-  for (int j = 0; j < 8; ++j)
-    b[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]),
-                         _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
-  for (int j = 0; j < 4; ++j)
-    c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
-                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xEE));
-  for (int j = 0; j < 2; ++j)
-    d[j] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], 0x88),
-                         _mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                       _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
 }
 
 // The queries of one task (see the top): query i is token i / g's head i % g of the group. C:
@@ -85,39 +65,39 @@ struct Scratch {
   std::vector<int> fresh, counts;
 };
 
-// Scaled scores of a query (qv) against `count` <= 16 key rows, into out[0..count-1].
+// Scaled scores of a query (qv) against `count` <= 16 key rows, into out[0..count-1]: each
+// key's 16 lanes summed by the same tree (``sums16``), so a key's score does not depend on
+// where it falls in a block.
 template <int NV, class C>
-inline void score_block(const __m512* qv, const C* const* keys, int count, float scale,
+inline void score_block(const Floats* qv, const C* const* keys, int count, float scale,
                         float* out) {
-  __m512 a[WIDTH];
-  for (int j = 0; j < WIDTH; ++j)
-    a[j] = j < count ? key_products<NV>(qv, keys[j]) : _mm512_setzero_ps();
-  const __mmask16 in = first_lanes(count);
-  _mm512_mask_storeu_ps(out, in, _mm512_mul_ps(lane_sums(a), _mm512_set1_ps(scale)));
+  Floats a[WIDTH];
+  for (int j = 0; j < WIDTH; ++j) a[j] = j < count ? key_products<NV>(qv, keys[j]) : fzero();
+  store_first(out, first(count), fmul(sums16(a), fset(scale)));
 }
 
 // Scores sc[0..M-1] -> e^(s_m - max s) in place; returns their sum.
 inline float weights(float* sc, int64_t M) {
-  __m512 top = _mm512_set1_ps(-INFINITY);
+  Floats top = fset(-INFINITY);
   for (int64_t m = 0; m < M; m += WIDTH) {
-    const __mmask16 in = first_lanes(M - m);
-    top = _mm512_mask_max_ps(top, in, top, _mm512_maskz_loadu_ps(in, sc + m));
+    const Mask in = first(M - m);
+    top = select(in, vmax(top, load_first(sc + m, in)), top);
   }
-  const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-  __m512 total = _mm512_setzero_ps();
+  const Floats most = fset(reduce_max(top));
+  Floats total = fzero();
   for (int64_t m = 0; m < M; m += WIDTH) {
-    const __mmask16 in = first_lanes(M - m);
-    const __m512 p = _mm512_maskz_mov_ps(
-        in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, sc + m), most)));
-    _mm512_mask_storeu_ps(sc + m, in, p);
-    total = _mm512_add_ps(total, p);
+    const Mask in = first(M - m);
+    const Floats p = select(in, exp16(fsub(load_first(sc + m, in), most)), fzero());
+    store_first(sc + m, in, p);
+    total = fadd(total, p);
   }
-  return _mm512_reduce_add_ps(total);
+  return reduce_add(total);
 }
 
 template <int NV, class C>
 void attend_task(const Task<C>& t, Scratch& s) {
-  constexpr int D = NV * WIDTH, QP = 16 / NV;  // QP queries' sums stay in registers at once
+  // QP queries' sums stay in registers at once (at least one)
+  constexpr int D = NV * WIDTH, QP = VECTORS / 2 / NV > 0 ? VECTORS / 2 / NV : 1;
   const int64_t Q = t.n * t.g, stride = t.c + t.n;
   if (static_cast<int64_t>(s.scores.size()) < Q * stride) s.scores.resize(Q * stride);
   if (static_cast<int64_t>(s.sums.size()) < Q) s.sums.resize(Q);
@@ -130,13 +110,13 @@ void attend_task(const Task<C>& t, Scratch& s) {
     s.counts[tok] = count;
   }
   auto query = [&](int64_t i) { return t.q + (i / t.g) * t.q_row + (i % t.g) * D; };
-  __m512 qv[NV];
+  Floats qv[NV];
   const C* rows[WIDTH];
   for (int64_t m0 = 0; m0 < t.c; m0 += WIDTH) {  // the cached keys, 16 rows for every query
     const int count = static_cast<int>(std::min<int64_t>(WIDTH, t.c - m0));
     for (int j = 0; j < count; ++j) rows[j] = t.k + (m0 + j) * D;
     for (int64_t i = 0; i < Q; ++i) {
-      for (int x = 0; x < NV; ++x) qv[x] = _mm512_loadu_ps(query(i) + x * WIDTH);
+      for (int x = 0; x < NV; ++x) qv[x] = fload(query(i) + x * WIDTH);
       score_block<NV>(qv, rows, count, t.scale, s.scores.data() + i * stride + m0);
     }
   }
@@ -144,7 +124,7 @@ void attend_task(const Task<C>& t, Scratch& s) {
     const int* fresh = s.fresh.data() + (i / t.g) * t.n;
     const int count = s.counts[i / t.g];
     float* sc = s.scores.data() + i * stride;
-    for (int x = 0; x < NV; ++x) qv[x] = _mm512_loadu_ps(query(i) + x * WIDTH);
+    for (int x = 0; x < NV; ++x) qv[x] = fload(query(i) + x * WIDTH);
     for (int b = 0; b < count; b += WIDTH) {
       const int many = std::min(WIDTH, count - b);
       for (int j = 0; j < many; ++j) rows[j] = t.k + static_cast<int64_t>(fresh[b + j]) * D;
@@ -154,16 +134,16 @@ void attend_task(const Task<C>& t, Scratch& s) {
   }
   for (int64_t i0 = 0; i0 < Q; i0 += QP) {  // the sums, QP queries at a time
     const int64_t many = std::min<int64_t>(QP, Q - i0);
-    __m512 acc[QP][NV];
+    Floats acc[QP][NV];
     for (int a = 0; a < QP; ++a)
-      for (int x = 0; x < NV; ++x) acc[a][x] = _mm512_setzero_ps();
+      for (int x = 0; x < NV; ++x) acc[a][x] = fzero();
     for (int64_t m = 0; m < t.c; ++m) {  // the cached values, one row for the QP queries
-      __m512 vm[NV];
+      Floats vm[NV];
       for (int x = 0; x < NV; ++x) vm[x] = load16(t.v + m * D + x * WIDTH);
       for (int a = 0; a < QP; ++a) {
         if (a >= many) break;
-        const __m512 p = _mm512_set1_ps(s.scores[(i0 + a) * stride + m]);
-        for (int x = 0; x < NV; ++x) acc[a][x] = _mm512_fmadd_ps(p, vm[x], acc[a][x]);
+        const Floats p = fset(s.scores[(i0 + a) * stride + m]);
+        for (int x = 0; x < NV; ++x) acc[a][x] = fmadd(p, vm[x], acc[a][x]);
       }
     }
     for (int a = 0; a < many; ++a) {  // each query's new values; its output
@@ -172,13 +152,12 @@ void attend_task(const Task<C>& t, Scratch& s) {
       const float* sc = s.scores.data() + i * stride + t.c;
       for (int u = 0; u < s.counts[i / t.g]; ++u) {
         const C* vm = t.v + static_cast<int64_t>(fresh[u]) * D;
-        const __m512 p = _mm512_set1_ps(sc[u]);
-        for (int x = 0; x < NV; ++x)
-          acc[a][x] = _mm512_fmadd_ps(p, load16(vm + x * WIDTH), acc[a][x]);
+        const Floats p = fset(sc[u]);
+        for (int x = 0; x < NV; ++x) acc[a][x] = fmadd(p, load16(vm + x * WIDTH), acc[a][x]);
       }
-      const __m512 inverse = _mm512_set1_ps(1.0f / s.sums[i]);
+      const Floats inverse = fset(1.0f / s.sums[i]);
       float* out = t.out + (i / t.g) * t.out_row + (i % t.g) * D;
-      for (int x = 0; x < NV; ++x) _mm512_storeu_ps(out + x * WIDTH, _mm512_mul_ps(acc[a][x], inverse));
+      for (int x = 0; x < NV; ++x) fstore(out + x * WIDTH, fmul(acc[a][x], inverse));
     }
   }
 }
@@ -277,4 +256,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto FREE = py::call_guard<py::gil_scoped_release>();
   m.def("attend", &attend, FREE,
         "short rows' queries [N, h, d] against their KV slots -> [N, h * d] (see attend.cpp)");
+  m.attr("ISA") = ISA;
 }

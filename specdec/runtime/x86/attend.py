@@ -1,4 +1,5 @@
-"""specdec's float32 attention of a pass's short rows on x86 CPUs with AVX-512 (``attend.cpp``).
+"""specdec's float32 attention of a pass's short rows on x86 CPUs (``attend.cpp``, built for
+AVX-512 or AVX2: ``kernels.ISAS``; the two builds' outputs are bitwise the same).
 
 Why: SDPA's CPU kernel packs each head's keys and values per call, and padded groups need a
 mask, so a pass's attention grew far faster than its work as rows were added; here each row
@@ -28,43 +29,40 @@ SOURCE = Path(__file__).with_name("attend.cpp")
 HEAD_DIMS = (16, 32, 64, 128)  # as in attend.cpp
 
 
-def unavailable(head_dim: int | None = None) -> str | None:
-    """Why the kernel cannot run here (for this head dim, if given), or None when it can."""
+def unavailable(head_dim: int | None = None, isa: str = "avx512") -> str | None:
+    """Why the kernel built for ``isa`` cannot run here (for this head dim, if given), or None
+    when it can."""
     if head_dim is not None and head_dim not in HEAD_DIMS:
         return f"its head dims are {HEAD_DIMS}, not {head_dim}"
-    return kernels.unavailable(SOURCE)
-
-
-def usable(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether a model of this dtype, device and head dim can attend on the kernel here; logs
-    once why not when float32 on a CPU cannot."""
-    return head_dim in HEAD_DIMS and kernels.usable(
-        SOURCE, dtype, device, "float32 attention kernel",
-        "SDPA, padded by group and not batch invariant")
+    return kernels.unavailable(SOURCE, isa)
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
-           seen: torch.Tensor, scale: float) -> torch.Tensor:
+           seen: torch.Tensor, scale: float, isa: str = "avx512") -> torch.Tensor:
     """q [N, h, d]: the short rows' new tokens, flat, against the caches [slots, kvh, L, d],
     float32 or float16 (read exactly as float32; ``model.cache_dtype``), every new key / value
     written already; rows [R, 4] int64: (first flat token, new tokens,
     slot, cached tokens) of each row; seen [N, S] uint8: which of its row's new tokens each
-    token sees (empty: causal). Returns [N, h * d]."""
-    return kernels.build(SOURCE).attend(q, k_cache, v_cache, rows, seen, scale)
+    token sees (empty: causal). Returns [N, h * d]; on the build for ``isa``."""
+    return kernels.build(SOURCE, isa=isa).attend(q, k_cache, v_cache, rows, seen, scale)
 
 
 def main() -> None:
-    """Build the kernel now and check it against SDPA on two rows (``kernels.main``)."""
-    reason = unavailable()
-    if reason:
-        print(f"specdec attention kernel: not built ({reason}); float32 attends through SDPA")
-        return
+    """Build the kernel for each ISA now and check it against SDPA on two rows
+    (``kernels.main``)."""
     gen = torch.Generator().manual_seed(0)
     k, v = (torch.randn(2, 2, 40, 64, generator=gen) for _ in "kv")
     q = torch.randn(4, 6, 64, generator=gen)  # a decode (slot 0, 30 cached), a verify of 3
-    got = attend(q, k, v, torch.tensor([[0, 1, 0, 30], [1, 3, 1, 20]]), torch.empty(0), 0.125)
     want = [F.scaled_dot_product_attention(q[i][:, None], k[b, :, :c],
                                            v[b, :, :c], scale=0.125, enable_gqa=True)
             .reshape(1, -1) for i, b, c in ((0, 0, 31), (1, 1, 21), (2, 1, 22), (3, 1, 23))]
-    assert torch.allclose(got, torch.cat(want), atol=1e-5), "the attention kernel is wrong here"
-    print(f"specdec attention kernel: built and checked ({SOURCE.name})")
+    for isa in kernels.ISAS:
+        reason = unavailable(isa=isa)
+        if reason:
+            print(f"specdec attention kernel ({isa}): not built ({reason})")
+            continue
+        got = attend(q, k, v, torch.tensor([[0, 1, 0, 30], [1, 3, 1, 20]]), torch.empty(0),
+                     0.125, isa)
+        assert torch.allclose(got, torch.cat(want), atol=1e-5), \
+            f"the attention kernel ({isa}) is wrong here"
+        print(f"specdec attention kernel ({isa}): built and checked ({SOURCE.name})")

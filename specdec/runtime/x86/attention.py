@@ -2,10 +2,11 @@
 
 - ``FittedSdpa``: SDPA by padded groups, split by a cost model fitted on this backend's SDPA
   (``ATTENTION_COST``); only how rows are grouped follows it, never what a token computes.
-- ``KernelAttention``: specdec's float32 kernel (``attend``): every short row reads its slot in
-  place, unpadded, from one table; each token's result is its result alone (batch invariant).
+- ``KernelAttention``: specdec's float32 kernel (``attend``, on the plan's ISA): every short row
+  reads its slot in place, unpadded, from one table; each token's result is its result alone
+  (batch invariant).
 - ``InvariantAttention``: grouped or per-query SDPA over whole key blocks, on one thread
-  (``invariance``), for passes made batch invariant without the kernel (bfloat16, AVX2).
+  (``invariance``), for passes made batch invariant without the kernel (bfloat16).
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ class KernelAttention(Attention):
     kind = "kernel"
     table = True
 
+    def __init__(self, isa: str):
+        self.isa = isa
+
     def attend_table(self, q, k_cache, v_cache, table, scale) -> torch.Tensor:
         """q [N, h, d] of every short row against the caches; returns [N, h * d]."""
-        return attend.attend(q, k_cache, v_cache, *table, scale)
+        return attend.attend(q, k_cache, v_cache, *table, scale, self.isa)
 
 
 class InvariantAttention(FittedSdpa):

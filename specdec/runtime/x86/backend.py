@@ -26,8 +26,11 @@ class X86Backend(Backend):
     name = "x86"
 
     def __init__(self, plan):
-        attention = {"kernel": KernelAttention, "sdpa": FittedSdpa}.get(plan.attention)
-        super().__init__(attention() if attention else InvariantAttention(plan.attention))
+        if plan.attention == "kernel":
+            attention = KernelAttention(plan.isa)
+        else:
+            attention = FittedSdpa() if plan.attention == "sdpa" else InvariantAttention(plan.attention)
+        super().__init__(attention)
         self.plan = plan
         self.invariant_by_pieces = plan.batch_invariant and plan.dtype == "bfloat16"
         self.reads_float16_caches = plan.attention == "kernel"
@@ -58,13 +61,14 @@ class X86Backend(Backend):
                      self.attention.kind)
 
     def norm(self, x, w, eps):
-        return fused.rms_norm(x, w, eps) if self.fused else super().norm(x, w, eps)
+        return fused.rms_norm(x, w, eps, self.plan.isa) if self.fused else super().norm(x, w, eps)
 
     def silu_mul(self, gate_up):
-        return fused.silu_mul(gate_up) if self.fused else super().silu_mul(gate_up)
+        return fused.silu_mul(gate_up, self.plan.isa) if self.fused else super().silu_mul(gate_up)
 
     def fuses_rope(self, head_dim: int) -> bool:
         return self.fused and fused.rope_fits(head_dim)
 
     def rope_write(self, qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads):
-        return fused.rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads)
+        return fused.rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads,
+                                self.plan.isa)

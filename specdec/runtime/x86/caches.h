@@ -19,7 +19,7 @@ inline void check_caches(const torch::Tensor& k, const torch::Tensor& v) {
 }
 
 // f(k, v) on the checked caches' elements: float* for float32, uint16_t* (float16's bits, which
-// simd.h's load16 / store16 convert) for float16.
+// lanes.h's load16 / store16 convert) for float16.
 template <class F>
 void with_caches(const torch::Tensor& k, const torch::Tensor& v, F&& f) {
   if (k.scalar_type() == torch::kFloat)

@@ -1,29 +1,27 @@
-// specdec's fused float32 element-wise ops for x86 CPUs with AVX-512 (specdec/runtime/x86/fused.py
-// says when and why): the RMSNorm, RoPE with the new keys' and values' write into the KV pool,
+// specdec's fused float32 element-wise ops for x86 CPUs, built for AVX-512 or AVX2 on ``lanes.h``
+// (specdec/runtime/x86/fused.py says when and why): the RMSNorm, RoPE with the new keys' and values' write into the KV pool,
 // and the MLP's silu(gate) * up, each one call over the pass's tokens instead of 3-8 torch ops.
 //
 // Each computes a token from that token's inputs alone, in a fixed order (the norm's sum of
 // squares in 16 lanes by index, then the lanes in a fixed tree), so a token's outputs are bitwise
-// the same whatever else its pass holds. RoPE and the norm's scaling round as transformers' eager
+// the same whatever else its pass holds, and from either build. RoPE and the norm's scaling round as transformers' eager
 // float32 ops do (two products, then their sum; x * rsqrt, then the weight times that).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "caches.h"
-#include "simd.h"
+#include "lanes.h"
 
 namespace {
 
-using specdec::WIDTH;
-using specdec::exp16;
-using specdec::first_lanes;
-using specdec::store16;
+using namespace specdec::lanes;
+
+constexpr int WIDTH = 16;  // floats a ``Floats`` holds
 
 void check_rows(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&
@@ -47,18 +45,17 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float* row = xs + i * stride;
-      __m512 squares = _mm512_setzero_ps();
+      Floats squares = fzero();
       for (int64_t j = 0; j < H; j += WIDTH) {
-        const __m512 v = _mm512_maskz_loadu_ps(first_lanes(H - j), row + j);
-        squares = _mm512_fmadd_ps(v, v, squares);
+        const Floats v = load_first(row + j, first(H - j));
+        squares = fmadd(v, v, squares);
       }
-      const float mean = _mm512_reduce_add_ps(squares) / static_cast<float>(H);
-      const __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(mean + static_cast<float>(eps)));
+      const float mean = reduce_add(squares) / static_cast<float>(H);
+      const Floats inverse = fset(1.0f / std::sqrt(mean + static_cast<float>(eps)));
       for (int64_t j = 0; j < H; j += WIDTH) {
-        const __mmask16 in = first_lanes(H - j);
-        const __m512 normed = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), inverse);
-        _mm512_mask_storeu_ps(os + i * H + j, in,
-                              _mm512_mul_ps(_mm512_maskz_loadu_ps(in, ws + j), normed));
+        const Mask in = first(H - j);
+        const Floats normed = fmul(load_first(row + j, in), inverse);
+        store_first(os + i * H + j, in, fmul(load_first(ws + j, in), normed));
       }
     }
   });
@@ -78,9 +75,9 @@ void rope_rows(int64_t lo, int64_t hi, const float* xs, int64_t stride, const fl
     auto rope = [&](const float* x, auto* out) {
       for (int64_t j = 0; j < d; j += WIDTH) {
         const int64_t other = j < half ? j + half : j - half;
-        const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(c + j));
-        const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(x + other), _mm512_loadu_ps(s + j));
-        store16(out + j, _mm512_add_ps(a, b));
+        const Floats a = fmul(fload(x + j), fload(c + j));
+        const Floats b = fmul(fload(x + other), fload(s + j));
+        store16(out + j, fadd(a, b));
       }
     };
     for (int64_t h = 0; h < heads; ++h) rope(row + h * d, qs + (i * heads + h) * d);
@@ -88,7 +85,7 @@ void rope_rows(int64_t lo, int64_t hi, const float* xs, int64_t stride, const fl
       const int64_t at = ((ss[i] * kvh + h) * L + ps[i]) * d;
       rope(row + (heads + h) * d, ks + at);
       const float* value = row + (heads + kvh + h) * d;
-      for (int64_t j = 0; j < d; j += WIDTH) store16(vs + at + j, _mm512_loadu_ps(value + j));
+      for (int64_t j = 0; j < d; j += WIDTH) store16(vs + at + j, fload(value + j));
     }
   }
 }
@@ -144,16 +141,15 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   const float* xs = gate_up.data_ptr<float>();
   float* os = out.data_ptr<float>();
   const int64_t stride = gate_up.stride(0);
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const Floats one = fset(1.0f);
   at::parallel_for(0, N, 4, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const float* g = xs + i * stride;
       for (int64_t j = 0; j < I; j += WIDTH) {
-        const __mmask16 in = first_lanes(I - j);
-        const __m512 x = _mm512_maskz_loadu_ps(in, g + j);
-        const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-        _mm512_mask_storeu_ps(os + i * I + j, in,
-                              _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(in, g + I + j)));
+        const Mask in = first(I - j);
+        const Floats x = load_first(g + j, in);
+        const Floats silu = fdiv(x, fadd(one, exp16(fsub(fzero(), x))));
+        store_first(os + i * I + j, in, fmul(silu, load_first(g + I + j, in)));
       }
     }
   });
@@ -167,4 +163,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write", &rope_write, FREE,
         "qkv [N, (h + 2 kvh) d] -> queries with RoPE [N, h, d]; keys and values into the caches");
   m.def("silu_mul", &silu_mul, FREE, "gate_up [N, 2I] -> silu(gate) * up [N, I]");
+  m.attr("ISA") = ISA;
 }

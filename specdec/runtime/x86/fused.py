@@ -1,5 +1,6 @@
-"""specdec's fused float32 element-wise ops on x86 CPUs with AVX-512 (``fused.cpp``): the
-RMSNorm, RoPE with the write of the new keys and values into the KV pool, and silu(gate) * up.
+"""specdec's fused float32 element-wise ops on x86 CPUs (``fused.cpp``, built for AVX-512 or AVX2:
+``kernels.ISAS``; the two builds' outputs are bitwise the same): the RMSNorm, RoPE with the
+write of the new keys and values into the KV pool, and silu(gate) * up.
 
 Why: with the linears and the short rows on specdec's kernels, torch's element-wise ops were a
 visible share of a float32 pass, most of it per-op overhead (an RMSNorm is 6 ops, RoPE and the
@@ -25,16 +26,9 @@ from specdec.runtime.x86 import kernels
 SOURCE = Path(__file__).with_name("fused.cpp")
 
 
-def unavailable() -> str | None:
-    """Why the fused ops cannot run here, or None when they can."""
-    return kernels.unavailable(SOURCE)
-
-
-def usable(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a model of this dtype and device runs its element-wise ops fused here; logs once
-    why not when float32 on a CPU cannot."""
-    return kernels.usable(SOURCE, dtype, device, "fused float32 element-wise ops",
-                          "torch's element-wise ops")
+def unavailable(isa: str = "avx512") -> str | None:
+    """Why the fused ops built for ``isa`` cannot run here, or None when they can."""
+    return kernels.unavailable(SOURCE, isa)
 
 
 def rope_fits(head_dim: int) -> bool:
@@ -42,37 +36,41 @@ def rope_fits(head_dim: int) -> bool:
     return head_dim % 32 == 0
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [N, H] -> w * (x / sqrt(mean(x^2) + eps))."""
-    return kernels.build(SOURCE).rms_norm(x, w, eps)
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, isa: str = "avx512") -> torch.Tensor:
+    """x [N, H] -> w * (x / sqrt(mean(x^2) + eps)), on the build for ``isa`` (so each op)."""
+    return kernels.build(SOURCE, isa=isa).rms_norm(x, w, eps)
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-               positions: torch.Tensor, heads: int) -> torch.Tensor:
+               positions: torch.Tensor, heads: int, isa: str = "avx512") -> torch.Tensor:
     """qkv [N, (h + 2 kvh) d] -> the queries with RoPE [N, h, d]; the keys (with RoPE) and the
     values go into the caches at (``slots[i]``, ``positions[i]``). cos / sin_signed: each
     token's RoPE rows [N, d] (``model.rope``)."""
-    return kernels.build(SOURCE).rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots,
-                                             positions, heads)
+    return kernels.build(SOURCE, isa=isa).rope_write(qkv, cos, sin_signed, k_cache, v_cache,
+                                                      slots, positions, heads)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, isa: str = "avx512") -> torch.Tensor:
     """gate_up [N, 2I] -> silu(gate) * up [N, I]."""
-    return kernels.build(SOURCE).silu_mul(gate_up)
+    return kernels.build(SOURCE, isa=isa).silu_mul(gate_up)
 
 
 def main() -> None:
-    """Build the ops now and check them against torch's on a few rows (``kernels.main``)."""
-    reason = unavailable()
-    if reason:
-        print(f"specdec fused ops: not built ({reason}); float32 runs torch's element-wise ops")
-        return
+    """Build the ops for each ISA now and check them against torch's on a few rows
+    (``kernels.main``)."""
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(3, 40, generator=gen), torch.randn(40, generator=gen)
-    want = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
-    assert torch.allclose(rms_norm(x, w, 1e-5), want, atol=1e-5), "the fused RMSNorm is wrong"
+    norm = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     g = torch.randn(3, 80, generator=gen)
-    want = torch.nn.functional.silu(g[:, :40]) * g[:, 40:]
-    assert torch.allclose(silu_mul(g), want, atol=1e-5), "the fused silu * up is wrong here"
-    print(f"specdec fused ops: built and checked ({SOURCE.name})")
+    silu = torch.nn.functional.silu(g[:, :40]) * g[:, 40:]
+    for isa in kernels.ISAS:
+        reason = unavailable(isa)
+        if reason:
+            print(f"specdec fused ops ({isa}): not built ({reason})")
+            continue
+        assert torch.allclose(rms_norm(x, w, 1e-5, isa), norm, atol=1e-5), \
+            f"the fused RMSNorm ({isa}) is wrong here"
+        assert torch.allclose(silu_mul(g, isa), silu, atol=1e-5), \
+            f"the fused silu * up ({isa}) is wrong here"
+        print(f"specdec fused ops ({isa}): built and checked ({SOURCE.name})")

@@ -3,15 +3,15 @@ linear on GGUF codes and int8 rows (``int8``, with AVX-512 VNNI, or AVX2), the f
 of short rows (``attend``) and the fused float32 element-wise ops (``fused``).
 
 Each is built for an instruction set (``ISAS``): ``avx512`` (every kernel), or ``avx2`` (with FMA
-and F16C; the int8 linear only, from the same source). A build for another ISA than AVX-512 is an
-extension of its own name (``specdec_int8_avx2``), so both load in one process.
+and F16C: every kernel but the panel linear, each from the same source on ``lanes.h``). A build
+for another ISA than AVX-512 is an extension of its own name (``specdec_int8_avx2``), so both
+load in one process.
 
 Each is compiled on first use with the machine's C++ compiler, through
 ``torch.utils.cpp_extension``, into torch's extension cache (about 25 s each on 2 cores);
-``make setup`` builds them all, the int8 linear for each ISA (``make kernels``: ``main`` below),
-so serving starts warm. Where one
-cannot be had (another CPU, no compiler, a failed build) ``build`` returns the reason, and the
-runtime says so once and runs torch's own kernels.
+``make setup`` builds them all, each for every ISA the CPU runs (``make kernels``: ``main``
+below), so serving starts warm. Where one cannot be had (another CPU, no compiler, a failed
+build) ``build`` returns the reason, and the plan says so and runs torch's own ops.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def build(source: Path, needs: tuple[str, ...] = (), may_use: tuple[str, ...] = 
     (a str). ``needs``: CPU features beyond the ISA's it is compiled for (cpuinfo's names:
     ``avx512_vnni`` is gcc's ``-mavx512vnni``); ``may_use``: features it is compiled for too
     but checks for itself at run time (``amx_int8``)."""
+    if isa not in ISAS:
+        raise ValueError(f"specdec's kernels are built for {list(ISAS)}, not {isa!r}")
     if not x86_cpu():
         return f"the CPU is {platform.machine()}, not x86-64"
     lacking = missing(isa, needs)
@@ -126,9 +128,9 @@ def clear_stale_lock(directory: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
-def unavailable(source: Path) -> str | None:
-    """Why the kernel of ``source`` cannot run here, or None when it can."""
-    built = build(source)
+def unavailable(source: Path, isa: str = "avx512") -> str | None:
+    """Why the kernel of ``source`` built for ``isa`` cannot run here, or None when it can."""
+    built = build(source, isa=isa)
     return built if isinstance(built, str) else None
 
 

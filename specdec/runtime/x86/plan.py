@@ -4,10 +4,10 @@ build here. Every ``auto`` of the x86 backend is decided here; asked-for kinds t
 are errors naming the knob and the reason.
 
 ``isa`` (the instruction set of specdec's kernels) decides which kernels may run: auto is
-avx512 on a CPU with AVX-512 VNNI (every kernel), else avx2 with FMA and F16C (the int8
-linear's AVX2 build only: the others are AVX-512 code), else none; ``isa: avx2`` plans as on a
-CPU without AVX-512 (for tests and benchmarks on one with it). The AVX2 path is chosen for the
-bytes it reads (the GGUF's codes, a quarter of float32's), not yet by a measurement here.
+avx512 on a CPU with AVX-512 VNNI (every kernel), else avx2 with FMA and F16C (every kernel but
+the float32 panel linear: the int8 linear, the attention and the fused ops, each the same
+source on AVX2 vectors, bitwise the AVX-512 build's outputs), else none; ``isa: avx2`` plans as
+on a CPU without AVX-512 (for tests and benchmarks on one with it).
 
 How the other ``auto``s decide, by measurement (docs/RESULTS.md, "Runtime"):
 - dtype: float32 where the model's GGUF codes run int8 rows (they beat bfloat16 on AMX too),
@@ -15,14 +15,16 @@ How the other ``auto``s decide, by measurement (docs/RESULTS.md, "Runtime"):
 - float32 linears: int8 rows on the codes (AVX-512 VNNI or AVX2), else the codes as float32
   panels, else float32 panels (AVX-512), else oneDNN's packed copy; bfloat16: oneDNN's; float64:
   torch's;
-- attention: float32, specdec's kernel where it builds; where it does not (an AVX2 CPU) and the
-  linears are batch invariant (int8 rows), grouped or per-query SDPA as in bfloat16, so the
-  passes stay batch invariant; bfloat16, grouped where its invariance probe passes, else per
-  query; float64, SDPA;
+- attention: float32, specdec's kernel where it builds; where it does not and the linears are
+  batch invariant, grouped or per-query SDPA as in bfloat16, so the passes stay batch
+  invariant; bfloat16, grouped where its invariance probe passes, else per query; float64,
+  SDPA;
 - KV caches: float16 for float32 passes on the kernel (it reads them exactly), else the model's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from specdec.runtime.plan import PlanError, RuntimeConfig, cpu_flags
 from specdec.runtime.weights import Shape
@@ -52,7 +54,7 @@ def resolve_kinds(config: RuntimeConfig, shape: Shape, blocks: bool, reasons: li
     # runs on one thread: a pass's bits then do not depend on its threads
     return dict(dtype=dtype, numerics=numerics, linears=linears, attention=attention,
                 kv_cache_dtype=kv, batch_invariant=invariant, isa=isa, thread_invariant=invariant,
-                fused=dtype == "float32" and avx512_off(isa, fused.unavailable()) is None)
+                fused=dtype == "float32" and kernel_off(isa, fused.unavailable) is None)
 
 
 def lacking(isa: str, needs: tuple[str, ...] = ()) -> list[str]:
@@ -83,13 +85,14 @@ def avx512_off(isa: str, why: str | None) -> str | None:
     return why if isa == "avx512" else f"isa {isa} runs no AVX-512 kernel"
 
 
-def int8_off(isa: str) -> str | None:
-    """Why the int8 linear does not run with ``isa``, or None where it does."""
-    return int8.unavailable(isa) if isa in int8.ISAS else "no AVX2 or AVX-512 here"
+def kernel_off(isa: str, unavailable: Callable[[str], str | None]) -> str | None:
+    """Why a kernel built for every ISA (the int8 linear, the attention, the fused ops: its
+    ``unavailable``) does not run with ``isa``, or None where it does."""
+    return unavailable(isa) if isa in kernels.ISAS else "no AVX2 or AVX-512 here"
 
 
 def int8_runs(config: RuntimeConfig, isa: str, blocks: bool) -> bool:
-    return blocks and config.linears in ("auto", "int8") and int8_off(isa) is None
+    return blocks and config.linears in ("auto", "int8") and kernel_off(isa, int8.unavailable) is None
 
 
 def float32_only(config: RuntimeConfig) -> str | None:
@@ -123,7 +126,7 @@ def pick_linears(config: RuntimeConfig, isa: str, dtype: str, blocks: bool,
     asked = config.linears
     panels_off = avx512_off(isa, panels.unavailable())
     if asked in KERNEL_LINEARS:
-        why = int8_off(isa) if asked == "int8" else panels_off
+        why = kernel_off(isa, int8.unavailable) if asked == "int8" else panels_off
         if dtype != "float32":
             raise PlanError(f"linears: {asked} runs float32 passes, not {dtype} (dtype: float32)")
         if why:
@@ -154,8 +157,8 @@ def pick_attention(config: RuntimeConfig, isa: str, dtype: str, shape: Shape, li
     if asked in ("grouped", "per_query") and dtype != "float32":
         raise PlanError(f"attention: {asked} is for batch-invariant float32 or bfloat16 passes; "
                         f"these are {dtype} (attention: auto or sdpa)")
-    kernel_why = avx512_off(isa, attend.unavailable(shape.head_dim)) if dtype == "float32" \
-        else f"it runs float32 passes, not {dtype}"
+    kernel_why = kernel_off(isa, lambda i: attend.unavailable(shape.head_dim, i)) \
+        if dtype == "float32" else f"it runs float32 passes, not {dtype}"
     if asked == "kernel" and kernel_why:
         raise PlanError(f"attention: kernel cannot run here: {kernel_why}")
     if asked != "auto":
