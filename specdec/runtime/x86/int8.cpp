@@ -109,14 +109,17 @@ struct Q4_1 {
   static constexpr int BYTES = 256, SCALES = 2;
   template <int R>
   static void block(const uint8_t* codes, const int8_t* const* xq, Ints* isum) {
+    Narrow sums[R];  // the block's 8 steps a row, narrow where the ISA allows (lanes.h)
+    for (int r = 0; r < R; ++r) sums[r] = narrow_zero();
     for (int g = 0; g < 4; ++g) {
       const Bytes v = bytes(codes + g * 64);
       const Bytes lo = low_nibbles(v), hi = high_nibbles(v);
       for (int r = 0; r < R; ++r) {
-        isum[r] = dot(isum[r], lo, four(xq[r] + 4 * g));
-        isum[r] = dot(isum[r], hi, four(xq[r] + 16 + 4 * g));
+        sums[r] = dot_nibbles(sums[r], lo, four(xq[r] + 4 * g));
+        sums[r] = dot_nibbles(sums[r], hi, four(xq[r] + 16 + 4 * g));
       }
     }
+    for (int r = 0; r < R; ++r) isum[r] = iadd(isum[r], widen(sums[r]));
   }
 #ifdef SPECDEC_AMX
   // The block's codes as an AMX B tile (8 rows of 16 outputs x 4 inputs, one byte a code): row

@@ -103,6 +103,12 @@ inline Bytes high_nibbles(Bytes v) {
 inline Ints dot(Ints acc, Bytes u, int32_t x4) {
   return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(x4));
 }
+// A block's products of 4-bit codes (``dot_nibbles``), summed narrow and widened once: on
+// AVX-512 VNNI the sums are int32 already
+using Narrow = Ints;
+inline Narrow narrow_zero() { return izero(); }
+inline Narrow dot_nibbles(Narrow acc, Bytes u, int32_t x4) { return dot(acc, u, x4); }
+inline Ints widen(Narrow n) { return n; }
 // Q8_0's codes as stored (each plus 128, unsigned) prepared for ``dot_q8``, and what
 // dot_q8's sums hold beyond the codes' own product: CODE_OFFSET times the inputs' sum
 using Q8 = Bytes;
@@ -273,6 +279,21 @@ inline __m256i dot4(__m256i u, __m256i x) {
 inline Ints dot(Ints acc, Bytes u, int32_t x4) {
   const __m256i x = _mm256_set1_epi32(x4);
   return {_mm256_add_epi32(acc.lo, dot4(u.lo, x)), _mm256_add_epi32(acc.hi, dot4(u.hi, x))};
+}
+// A block's products of 4-bit codes (u at most 15) summed as vpmaddubsw's int16 pairs, widened
+// to int32 once (vpmaddwd by ones) where ``dot`` widens every step: a pair is at most
+// 2 * 15 * 127 = 3810 in magnitude, so a Q4_1 block's 8 steps sum to at most 30480 < 32767,
+// exactly
+struct Narrow { __m256i lo, hi; };
+inline Narrow narrow_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline Narrow dot_nibbles(Narrow acc, Bytes u, int32_t x4) {
+  const __m256i x = _mm256_set1_epi32(x4);
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(u.lo, x)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(u.hi, x))};
+}
+inline Ints widen(Narrow n) {
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_madd_epi16(n.lo, one), _mm256_madd_epi16(n.hi, one)};
 }
 // Q8_0's codes as stored plus 128 would make pairs of up to 2 * 255 * 127, past int16: so the
 // signed codes w are restored (stored ^ 0x80), and |w| (unsigned) times x with w's sign
