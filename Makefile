@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml
 	$(MAKE) kernels
 	touch $(STAMP)
 
-# specdec's kernels for AVX-512 CPUs (specdec/runtime/x86/kernels.py: the panel linear, the int8
-# linear on GGUF codes (on AMX tiles too where the CPU has them; its AVX2 build for CPUs without
-# AVX-512), the attention of short rows, the fused element-wise ops), compiled now into torch's
-# extension cache so the first model load does not wait for them (about 25 s each); a CPU
-# without AVX-512 or a missing compiler is said, and float32 runs torch's own ops.
+# specdec's x86 kernels (specdec/runtime/x86/kernels.py: the panel linear, the int8 linear on
+# GGUF codes (on AMX tiles too where the CPU has them), the attention of short rows, the fused
+# element-wise ops; each but the panels built for AVX-512 and for AVX2), compiled now into
+# torch's extension cache so the first model load does not wait for them (about 25 s each); a
+# CPU without them or a missing compiler is said, and float32 runs torch's own ops.
 kernels:
 	$(BIN)/python -c 'from specdec.runtime.x86 import kernels; kernels.main()'
 

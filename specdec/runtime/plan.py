@@ -13,9 +13,9 @@ plan for a device that is not present.
 
 Backends: ``torch`` runs anywhere torch does (CUDA, any CPU, ``meta``): ``F.linear`` on one
 ``[out, in]`` weight, SDPA, not batch invariant. ``x86`` (``specdec.runtime.x86``) runs x86-64
-CPUs: specdec's AVX-512 kernels where the CPU has them (the int8 linear on AVX2 too), oneDNN's
-packed linears, batch invariance by probes in bfloat16. ``auto`` is x86 on an x86-64 CPU, torch elsewhere. A plan
-whose backend is torch never imports the x86 package.
+CPUs: specdec's kernels on AVX-512 or AVX2 (all but the float32 panels on AVX2 too), oneDNN's
+packed linears, batch invariance by probes in bfloat16. ``auto`` is x86 on an x86-64 CPU, torch
+elsewhere. A plan whose backend is torch never imports the x86 package.
 
 Threads and waiting (any backend): ``threads`` is torch's intra-op thread count (default: the
 CPUs this process may use, ``usable_cpus``); ``omp_wait_policy`` is how OpenMP's threads wait at
@@ -81,8 +81,8 @@ class RuntimeConfig:
     omp_wait_policy: str = "auto"  # how OpenMP's threads wait: default, passive, active, or auto
     # each pass on 1 thread or on ``threads``, whichever runs faster now (specdec.runtime.threads)
     threads_by_load: str = "auto"  # on, off, or auto (on where a pass's bits do not depend on it)
-    # x86: the instruction set specdec's kernels run on: avx512 (all of them), avx2 (the int8
-    # linear's AVX2 build only, as on a CPU without AVX-512), or auto (the CPU's)
+    # x86: the instruction set specdec's kernels run on: avx512 (all of them), avx2 (all but the
+    # float32 panels, as on a CPU without AVX-512), or auto (the CPU's)
     isa: str = "auto"
 
     def __post_init__(self):

@@ -73,8 +73,8 @@ def pick_isa(config: RuntimeConfig, reasons: list) -> str:
     if not lacking("avx512", int8.NEEDS["avx512"]):
         return "avx512"
     if not lacking("avx2"):
-        reasons.append("isa auto: avx2 (no AVX-512 VNNI here): int8 rows on the AVX2 kernel, "
-                       "no AVX-512 kernel")
+        reasons.append("isa auto: avx2 (no AVX-512 VNNI here): every kernel's AVX2 build, and "
+                       "no float32 panels")
         return "avx2"
     reasons.append("isa auto: none (no AVX2 with FMA and F16C here): none of specdec's kernels")
     return "none"
