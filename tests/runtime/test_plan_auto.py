@@ -20,11 +20,13 @@ AVX512 = {"avx512f", "avx512bw", "avx512_vnni", "avx2", "fma", "f16c"}
 @pytest.fixture
 def cpu(monkeypatch):
     """cpu(amx=..., vnni=...): this CPU as an AVX-512 one with (or without) AMX and the int8
-    kernel (either build)."""
+    kernel (either build), its other kernels built (whatever this machine's CPU)."""
     def set_cpu(amx: bool, vnni: bool):
         flags = AVX512 | {"amx_bf16"} if amx else AVX512
         monkeypatch.setattr(x86_plan, "cpu_flags", lambda: frozenset(flags))
         monkeypatch.setattr(int8, "unavailable", lambda isa="avx512": None if vnni else "no VNNI")
+        for kernel in (attend, fused, panels):
+            monkeypatch.setattr(kernel, "unavailable", lambda *args: None)
     return set_cpu
 
 

@@ -125,17 +125,23 @@ struct Bytes { __m256i lo, hi; };
 struct Mask { __m256i lo, hi; };
 
 inline Floats fload(const float* at) { return {_mm256_loadu_ps(at), _mm256_loadu_ps(at + 8)}; }
+// the lane-wise binary ops: one AVX2 op on each half
+#define SPECDEC_HALVES(Type, name, op) \
+  inline Type name(Type a, Type b) { return {op(a.lo, b.lo), op(a.hi, b.hi)}; }
+SPECDEC_HALVES(Floats, fadd, _mm256_add_ps)
+SPECDEC_HALVES(Floats, fsub, _mm256_sub_ps)
+SPECDEC_HALVES(Floats, fmul, _mm256_mul_ps)
+SPECDEC_HALVES(Floats, fdiv, _mm256_div_ps)
+SPECDEC_HALVES(Floats, vmax, _mm256_max_ps)
+SPECDEC_HALVES(Floats, vmin, _mm256_min_ps)
+SPECDEC_HALVES(Ints, iadd, _mm256_add_epi32)
+SPECDEC_HALVES(Ints, isub, _mm256_sub_epi32)
+#undef SPECDEC_HALVES
 inline Floats fset(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
 inline Floats fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline Floats vabs(Floats v) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   return {_mm256_andnot_ps(sign, v.lo), _mm256_andnot_ps(sign, v.hi)};
-}
-inline Floats vmax(Floats a, Floats b) {
-  return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)};
-}
-inline Floats fmul(Floats a, Floats b) {
-  return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)};
 }
 inline Floats fmadd(Floats a, Floats b, Floats c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -151,12 +157,6 @@ inline Floats to_floats(Ints v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtep
 inline Ints to_ints(Floats v) { return {_mm256_cvtps_epi32(v.lo), _mm256_cvtps_epi32(v.hi)}; }
 inline Ints izero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
 inline Ints iset(int32_t v) { return {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; }
-inline Ints iadd(Ints a, Ints b) {
-  return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)};
-}
-inline Ints isub(Ints a, Ints b) {
-  return {_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)};
-}
 inline Ints iload(const int32_t* at) {
   return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)),
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 8))};
@@ -198,18 +198,6 @@ constexpr int VECTORS = 8;  // Floats a kernel may keep in registers (16 AVX2 on
 inline void fstore(float* at, Floats v) {
   _mm256_storeu_ps(at, v.lo);
   _mm256_storeu_ps(at + 8, v.hi);
-}
-inline Floats fadd(Floats a, Floats b) {
-  return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)};
-}
-inline Floats fsub(Floats a, Floats b) {
-  return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)};
-}
-inline Floats fdiv(Floats a, Floats b) {
-  return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)};
-}
-inline Floats vmin(Floats a, Floats b) {
-  return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)};
 }
 inline Floats fnmadd(Floats a, Floats b, Floats c) {
   return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
