@@ -26,6 +26,13 @@ def per_isa(unavailable) -> list:
             for isa in kernels.ISAS]
 
 
+def first_isa(unavailable) -> str | None:
+    """The first ISA (``kernels.ISAS``'s order) whose build runs here, or None."""
+    from specdec.runtime.x86 import kernels
+
+    return next((isa for isa in kernels.ISAS if unavailable(isa) is None), None)
+
+
 def both_builds(unavailable):
     """A mark that skips a test comparing the ISAs' builds where either cannot run here."""
     from specdec.runtime.x86 import kernels

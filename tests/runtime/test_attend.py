@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specdec.runtime import Forward, PlanError, Row
 from specdec.runtime.x86 import attend, kernels, panels
-from tests.runtime.conftest import both_builds, forward_of, per_isa
+from tests.runtime.conftest import both_builds, first_isa, forward_of, per_isa
 
 
 def unavailable(isa: str) -> str | None:
@@ -23,7 +23,7 @@ def unavailable(isa: str) -> str | None:
 
 
 ISAS = per_isa(unavailable)
-ISA = next((isa for isa in kernels.ISAS if unavailable(isa) is None), None)  # the first here
+ISA = first_isa(unavailable)
 pytestmark = pytest.mark.skipif(ISA is None, reason=f"attention kernel: {unavailable('avx2')}")
 
 SLOTS, LENGTH = 4, 96

@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from specdec.runtime import Row
 from specdec.runtime.backend import rope
 from specdec.runtime.x86 import fused, kernels
-from tests.runtime.conftest import both_builds, forward_of, per_isa
+from tests.runtime.conftest import both_builds, first_isa, forward_of, per_isa
 
 ISAS = per_isa(fused.unavailable)
-ISA = next((isa for isa in kernels.ISAS if fused.unavailable(isa) is None), None)  # the first here
+ISA = first_isa(fused.unavailable)
 pytestmark = pytest.mark.skipif(ISA is None, reason=f"fused ops: {fused.unavailable('avx2')}")
 
 

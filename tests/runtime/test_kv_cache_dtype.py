@@ -13,15 +13,15 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from specdec.runtime import Forward, KVPool, PlanError, Row, RuntimeConfig, Weights
 from specdec.runtime.plan import KV_CACHE_DTYPES
-from specdec.runtime.x86 import attend, fused, kernels
-from tests.runtime.conftest import forward_of, plan_of
+from specdec.runtime.x86 import attend, fused
+from tests.runtime.conftest import first_isa, forward_of, plan_of
 
 
 def unavailable(isa: str) -> str | None:
     return attend.unavailable(isa=isa) or fused.unavailable(isa)
 
 
-ISA = next((isa for isa in kernels.ISAS if unavailable(isa) is None), None)  # the first here
+ISA = first_isa(unavailable)
 pytestmark = pytest.mark.skipif(ISA is None, reason=f"kernels: {unavailable('avx2')}")
 
 # head dim 32: RoPE and the KV write run fused (runtime.fused)

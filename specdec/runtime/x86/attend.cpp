@@ -31,8 +31,6 @@ namespace {
 
 using namespace specdec::lanes;
 
-constexpr int WIDTH = 16;  // floats a ``Floats`` holds
-
 // A key's NV * 16 products with the query, summed to 16 lanes in one fixed chain.
 template <int NV, class C>
 inline Floats key_products(const Floats* qv, const C* key) {

@@ -37,6 +37,12 @@ def unavailable(head_dim: int | None = None, isa: str = "avx512") -> str | None:
     return kernels.unavailable(SOURCE, isa)
 
 
+def kernel(isa: str = "avx512"):
+    """The extension built for ``isa`` (its ``attend`` is ``attend`` below without this
+    lookup: what the backend binds once)."""
+    return kernels.build(SOURCE, isa=isa)
+
+
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
            seen: torch.Tensor, scale: float, isa: str = "avx512") -> torch.Tensor:
     """q [N, h, d]: the short rows' new tokens, flat, against the caches [slots, kvh, L, d],
@@ -44,7 +50,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: 
     written already; rows [R, 4] int64: (first flat token, new tokens,
     slot, cached tokens) of each row; seen [N, S] uint8: which of its row's new tokens each
     token sees (empty: causal). Returns [N, h * d]; on the build for ``isa``."""
-    return kernels.build(SOURCE, isa=isa).attend(q, k_cache, v_cache, rows, seen, scale)
+    return kernel(isa).attend(q, k_cache, v_cache, rows, seen, scale)
 
 
 def main() -> None:
@@ -56,11 +62,7 @@ def main() -> None:
     want = [F.scaled_dot_product_attention(q[i][:, None], k[b, :, :c],
                                            v[b, :, :c], scale=0.125, enable_gqa=True)
             .reshape(1, -1) for i, b, c in ((0, 0, 31), (1, 1, 21), (2, 1, 22), (3, 1, 23))]
-    for isa in kernels.ISAS:
-        reason = unavailable(isa=isa)
-        if reason:
-            print(f"specdec attention kernel ({isa}): not built ({reason})")
-            continue
+    for isa in kernels.built_isas("attention kernel", lambda i: unavailable(isa=i)):
         got = attend(q, k, v, torch.tensor([[0, 1, 0, 30], [1, 3, 1, 20]]), torch.empty(0),
                      0.125, isa)
         assert torch.allclose(got, torch.cat(want), atol=1e-5), \

@@ -34,11 +34,11 @@ class KernelAttention(Attention):
     table = True
 
     def __init__(self, isa: str):
-        self.isa = isa
+        self.kernel = attend.kernel(isa)  # bound once: a pass calls it in every layer
 
     def attend_table(self, q, k_cache, v_cache, table, scale) -> torch.Tensor:
         """q [N, h, d] of every short row against the caches; returns [N, h * d]."""
-        return attend.attend(q, k_cache, v_cache, *table, scale, self.isa)
+        return self.kernel.attend(q, k_cache, v_cache, *table, scale)
 
 
 class InvariantAttention(FittedSdpa):

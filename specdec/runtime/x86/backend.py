@@ -36,6 +36,7 @@ class X86Backend(Backend):
         self.reads_float16_caches = plan.attention == "kernel"
         self.runs_codes = plan.linears in ("int8", "quantized")
         self.fused = plan.fused
+        self.ops = fused.ops(plan.isa) if plan.fused else None  # bound once: called every layer
 
     def linear(self, w: torch.Tensor, bias, blocks=None, name: str = "") -> Linear:
         kind = self.plan.linears
@@ -61,14 +62,13 @@ class X86Backend(Backend):
                      self.attention.kind)
 
     def norm(self, x, w, eps):
-        return fused.rms_norm(x, w, eps, self.plan.isa) if self.fused else super().norm(x, w, eps)
+        return self.ops.rms_norm(x, w, eps) if self.fused else super().norm(x, w, eps)
 
     def silu_mul(self, gate_up):
-        return fused.silu_mul(gate_up, self.plan.isa) if self.fused else super().silu_mul(gate_up)
+        return self.ops.silu_mul(gate_up) if self.fused else super().silu_mul(gate_up)
 
     def fuses_rope(self, head_dim: int) -> bool:
         return self.fused and fused.rope_fits(head_dim)
 
     def rope_write(self, qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads):
-        return fused.rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads,
-                                self.plan.isa)
+        return self.ops.rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads)

@@ -1,11 +1,13 @@
-// specdec's fused float32 element-wise ops for x86 CPUs, built for AVX-512 or AVX2 on ``lanes.h``
-// (specdec/runtime/x86/fused.py says when and why): the RMSNorm, RoPE with the new keys' and values' write into the KV pool,
-// and the MLP's silu(gate) * up, each one call over the pass's tokens instead of 3-8 torch ops.
+// specdec's fused float32 element-wise ops for x86 CPUs, built for AVX-512 or AVX2 on
+// ``lanes.h`` (specdec/runtime/x86/fused.py says when and why): the RMSNorm, RoPE with the new
+// keys' and values' write into the KV pool, and the MLP's silu(gate) * up, each one call over
+// the pass's tokens instead of 3-8 torch ops.
 //
 // Each computes a token from that token's inputs alone, in a fixed order (the norm's sum of
 // squares in 16 lanes by index, then the lanes in a fixed tree), so a token's outputs are bitwise
-// the same whatever else its pass holds, and from either build. RoPE and the norm's scaling round as transformers' eager
-// float32 ops do (two products, then their sum; x * rsqrt, then the weight times that).
+// the same whatever else its pass holds, and from either build. RoPE and the norm's scaling
+// round as transformers' eager float32 ops do (two products, then their sum; x * rsqrt, then
+// the weight times that).
 
 #include <torch/extension.h>
 
@@ -20,8 +22,6 @@
 namespace {
 
 using namespace specdec::lanes;
-
-constexpr int WIDTH = 16;  // floats a ``Floats`` holds
 
 void check_rows(const torch::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&

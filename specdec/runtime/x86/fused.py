@@ -36,9 +36,15 @@ def rope_fits(head_dim: int) -> bool:
     return head_dim % 32 == 0
 
 
+def ops(isa: str = "avx512"):
+    """The extension built for ``isa``: its ``rms_norm``, ``rope_write`` and ``silu_mul`` are the
+    functions below without this lookup (what the backend binds once)."""
+    return kernels.build(SOURCE, isa=isa)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, isa: str = "avx512") -> torch.Tensor:
     """x [N, H] -> w * (x / sqrt(mean(x^2) + eps)), on the build for ``isa`` (so each op)."""
-    return kernels.build(SOURCE, isa=isa).rms_norm(x, w, eps)
+    return ops(isa).rms_norm(x, w, eps)
 
 
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
@@ -47,13 +53,12 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
     """qkv [N, (h + 2 kvh) d] -> the queries with RoPE [N, h, d]; the keys (with RoPE) and the
     values go into the caches at (``slots[i]``, ``positions[i]``). cos / sin_signed: each
     token's RoPE rows [N, d] (``model.rope``)."""
-    return kernels.build(SOURCE, isa=isa).rope_write(qkv, cos, sin_signed, k_cache, v_cache,
-                                                      slots, positions, heads)
+    return ops(isa).rope_write(qkv, cos, sin_signed, k_cache, v_cache, slots, positions, heads)
 
 
 def silu_mul(gate_up: torch.Tensor, isa: str = "avx512") -> torch.Tensor:
     """gate_up [N, 2I] -> silu(gate) * up [N, I]."""
-    return kernels.build(SOURCE, isa=isa).silu_mul(gate_up)
+    return ops(isa).silu_mul(gate_up)
 
 
 def main() -> None:
@@ -64,11 +69,7 @@ def main() -> None:
     norm = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     g = torch.randn(3, 80, generator=gen)
     silu = torch.nn.functional.silu(g[:, :40]) * g[:, 40:]
-    for isa in kernels.ISAS:
-        reason = unavailable(isa)
-        if reason:
-            print(f"specdec fused ops ({isa}): not built ({reason})")
-            continue
+    for isa in kernels.built_isas("fused ops", unavailable):
         assert torch.allclose(rms_norm(x, w, 1e-5, isa), norm, atol=1e-5), \
             f"the fused RMSNorm ({isa}) is wrong here"
         assert torch.allclose(silu_mul(g, isa), silu, atol=1e-5), \

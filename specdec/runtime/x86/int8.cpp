@@ -50,7 +50,6 @@ namespace {
 
 using namespace specdec::lanes;
 
-constexpr int WIDTH = 16;     // outputs a panel holds: int32 or float lanes (``lanes.h``)
 constexpr int64_t BLOCK = 32;  // inputs a block's scales cover (GGUF's blocks and the rows')
 // rows of a tile: 2 x ROWS accumulators + the weights in registers (32 AVX-512 ones, 16 AVX2
 // ones, each half as wide)

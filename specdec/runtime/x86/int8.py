@@ -1,5 +1,5 @@
 """specdec's linear on GGUF codes times int8 activations, as llama.cpp runs a quantized model on
-a CPU (``int8.cpp``, built for AVX-512 VNNI or for AVX2: ``ISAS``).
+a CPU (``int8.cpp``, built for AVX-512 VNNI or for AVX2: ``kernels.ISAS``).
 
 Why: every row of a pass past a few costs its float32 multiply-adds, and a prompt's prefill, a
 verify's drafts and a batch's requests are all rows. An integer dot product (``vpdpbusd``)
@@ -40,10 +40,9 @@ from specdec.models.gguf_blocks import BLOCK, FORMATS, Blocks, halves
 from specdec.runtime.x86 import kernels
 
 SOURCE = Path(__file__).with_name("int8.cpp")
-ISAS = ("avx512", "avx2")  # the instruction sets it is built for (``kernels.ISAS``)
 # CPU features int8.cpp is compiled for beyond each ISA's, and those it uses where the CPU has
 # them (checked there)
-NEEDS = {"avx512": ("avx512bw", "avx512_vnni"), "avx2": ()}
+NEEDS = {"avx512": ("avx512bw", "avx512_vnni"), "avx2": ()}  # per ISA of ``kernels.ISAS``
 MAY_USE = {"avx512": ("amx_tile", "amx_int8"), "avx2": ()}
 AMX_ROWS = 16  # passes of at least this many rows run on AMX tiles where the CPU has them
 WIDTH = 16  # as in int8.cpp: outputs a panel holds
@@ -52,9 +51,7 @@ WIDTH = 16  # as in int8.cpp: outputs a panel holds
 @functools.cache
 def _build(isa: str = "avx512"):
     """The extension compiled for ``isa``, or the reason it cannot be had here (a str)."""
-    if isa not in ISAS:
-        raise ValueError(f"the int8 kernel is built for {list(ISAS)}, not {isa!r}")
-    ext = kernels.build(SOURCE, NEEDS[isa], MAY_USE[isa], isa)
+    ext = kernels.build(SOURCE, NEEDS.get(isa, ()), MAY_USE.get(isa, ()), isa)  # it checks isa
     if not isinstance(ext, str):
         assert (ext.WIDTH, ext.BLOCK, ext.ISA) == (WIDTH, BLOCK, isa), \
             "int8.py and int8.cpp disagree"
@@ -147,11 +144,7 @@ def reference(x: torch.Tensor, blocks: Blocks, out: int, isa: str = "avx512") ->
 
 def main() -> None:
     """Build the kernel for each ISA now and check it on one product (``kernels.main``)."""
-    for isa in ISAS:
-        reason = unavailable(isa)
-        if reason:
-            print(f"specdec int8 linear ({isa}): not built ({reason})")
-            continue
+    for isa in kernels.built_isas("int8 linear", unavailable):
         gen = torch.Generator().manual_seed(0)
         for fmt in FORMATS:
             blocks = random_blocks(fmt, 40, 64, gen)

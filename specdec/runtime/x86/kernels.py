@@ -25,6 +25,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -126,6 +127,19 @@ def clear_stale_lock(directory: Path) -> None:
     if age > STALE_LOCK_S:
         log.warning("removing the stale build lock %s (%.0f s old)", lock, age)
         lock.unlink(missing_ok=True)
+
+
+def built_isas(what: str, unavailable: Callable[[str], str | None]) -> list[str]:
+    """The ISAs whose build of ``what`` (its ``unavailable(isa)``) runs here; says which do
+    not, and why (the kernels' ``main``s)."""
+    isas = []
+    for isa in ISAS:
+        reason = unavailable(isa)
+        if reason:
+            print(f"specdec {what} ({isa}): not built ({reason})")
+        else:
+            isas.append(isa)
+    return isas
 
 
 def unavailable(source: Path, isa: str = "avx512") -> str | None:

@@ -22,6 +22,8 @@
 
 namespace specdec::lanes {
 
+constexpr int WIDTH = 16;  // lanes a ``Floats`` or ``Ints`` holds (a panel's outputs in int8.cpp)
+
 #if defined(__AVX512F__)
 
 constexpr const char* ISA = "avx512";

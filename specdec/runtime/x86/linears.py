@@ -35,7 +35,7 @@ class Int8Linear(Linear):
     def __init__(self, w, bias, codes: int8.Codes, isa: str = "avx512"):
         super().__init__(w, bias)
         self.codes = codes  # ``int8.pack`` of w's GGUF blocks
-        self.isa = isa  # the kernel's build: avx512 | avx2 (``int8.ISAS``)
+        self.isa = isa  # the kernel's build: avx512 | avx2 (``kernels.ISAS``)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return int8.linear(x, self.codes, self.bias, isa=self.isa)
